@@ -1,0 +1,40 @@
+# make demo / make test create .venv when missing, install, then run.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-slow test-all lint bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all]'
+	# torchvision has no build for this CPU torch; something may pull it in and it breaks transformers' imports.
+	-$(BIN)/python -m pip uninstall -q -y torchvision
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/modelexport pipeline
+
+test: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-slow: venv
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+
+test-all: venv
+	$(BIN)/python -m pytest -m '' $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+bench: venv
+	$(BIN)/python benchmarks/export_overhead.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

@@ -1,0 +1,7 @@
+"""``python -m modelexport`` is the ``modelexport`` command."""
+
+import sys
+
+from .cli.app import main
+
+sys.exit(main())

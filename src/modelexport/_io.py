@@ -1,0 +1,75 @@
+"""Atomic file writes: bad input must never leave a half-written file behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import OutputWriteError
+
+__all__ = ["atomic_path", "atomic_dir", "write_json", "write_text"]
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp path beside ``target``; rename it over ``target`` only if the block succeeds."""
+    target = Path(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise OutputWriteError(f"cannot write to {target.parent}: {exc.strerror or exc}") from exc
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temp folder beside ``target``; its files are moved into ``target`` only on success.
+
+    Existing files in ``target`` that the block did not write are left alone.
+    """
+    target = Path(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        raise OutputWriteError(f"cannot write to {target.parent}: {exc.strerror or exc}") from exc
+    try:
+        yield tmp
+        target.mkdir(parents=True, exist_ok=True)
+        for item in tmp.iterdir():
+            dest = target / item.name
+            if dest.is_dir() and not dest.is_symlink():
+                shutil.rmtree(dest)
+            os.replace(item, dest)
+    except OSError as exc:
+        raise OutputWriteError(f"cannot write to {target}: {exc.strerror or exc}") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write ``data`` as indented JSON, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+    return Path(path)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write text, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)

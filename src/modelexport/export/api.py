@@ -1,0 +1,261 @@
+"""``modelexport.export``: load -> inputs -> reference run -> capture -> tag -> verify -> package.
+
+One path for every model: the graph comes from a plain ``torch.onnx.export`` and tagging only adds
+node ``metadata_props``, so the topology equals the baseline by construction (and
+``verify_topology`` proves it). Output files are staged and moved into place only on success.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._io import atomic_dir, write_json, write_text
+from ..errors import ExportError, InputSpecError, TopologyMismatchError
+from ..hierarchy.tagger import tag_model
+from ..hierarchy.tree import ModuleTree, TagRules
+from .capture import CaptureSettings, capture, training_modes
+from .config import ExportConfig
+from .context import ExportContext
+from .inputs import build_inputs
+from .loading import LoadedModel, load_model
+from .parity import check_parity, flatten_outputs, output_names_for
+from .sidecar import SIDECAR_NAME, build_sidecar
+from .topology import compare_topology
+
+__all__ = ["ExportResult", "export", "PACKAGE_PASSES", "MODEL_FILE"]
+
+log = logging.getLogger(__name__)
+MODEL_FILE = "model.onnx"
+
+#: Steps run on the tagged model before it is written, in order: ``fn(ctx: ExportContext) -> None``.
+#: Each decides from ``ctx.config`` whether it applies (metadata embedding, package files, quantization).
+PACKAGE_PASSES: list[str] = []
+
+
+@dataclass
+class ExportResult:
+    """What an export produced and what was verified."""
+
+    output_dir: Path
+    onnx_path: Path
+    hierarchy_path: Path
+    exporter: str
+    opset: int
+    node_count: int
+    coverage: dict[str, Any]
+    parity: dict[str, Any] | None
+    topology_identical: bool | None
+    stages: list[dict[str, Any]]
+    files: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def report_path(self) -> Path | None:
+        name = self.files.get("report")
+        return self.output_dir / name if name else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "output_dir": str(self.output_dir),
+            "onnx_path": str(self.onnx_path),
+            "hierarchy_path": str(self.hierarchy_path),
+            "exporter": self.exporter,
+            "opset": self.opset,
+            "node_count": self.node_count,
+            "coverage": self.coverage,
+            "parity": self.parity,
+            "topology_identical": self.topology_identical,
+            "stages": self.stages,
+            "files": self.files,
+            "notes": self.notes,
+        }
+
+
+def _load_tokenizer(loaded: LoadedModel) -> Any | None:
+    if loaded.model_dir is None:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(str(loaded.model_dir), local_files_only=True)
+    except Exception:  # noqa: BLE001 - models without a tokenizer are normal
+        return None
+
+
+def _reference_run(ctx: ExportContext) -> None:
+    """Run PyTorch once: reference outputs for parity, and call counts for the module tree."""
+    import torch
+
+    module = ctx.loaded.module
+    holder: dict[str, Any] = {}
+
+    def run() -> None:
+        with torch.no_grad(), training_modes(module, ctx.config.keep_dropout):
+            holder["out"] = module(**ctx.inputs.tensors, **ctx.inputs.constant_kwargs)
+
+    try:
+        ctx.tree.count_calls(module, run)
+    except (TypeError, RuntimeError, ValueError, IndexError) as exc:
+        raise InputSpecError(f"{type(module).__name__}.forward() failed on the example inputs: {exc}") from exc
+    ctx.reference = flatten_outputs(holder["out"])
+    if not ctx.reference:
+        raise ExportError(f"{type(module).__name__}.forward() returned no tensors; nothing to export")
+
+
+def _settings(ctx: ExportContext) -> CaptureSettings:
+    c = ctx.config
+    return CaptureSettings(
+        c.exporter, c.opset, output_names_for(ctx.reference), c.static_shapes, c.keep_batchnorm, c.keep_dropout
+    )
+
+
+def _dump_graphs(ctx: ExportContext) -> None:
+    import torch
+
+    module, kwargs = ctx.loaded.module, {**ctx.inputs.tensors, **ctx.inputs.constant_kwargs}
+    if ctx.config.fx_graph:
+        with training_modes(module, ctx.config.keep_dropout):
+            program = torch.export.export(module, (), kwargs=kwargs, strict=False)
+        (ctx.staging_dir / "fx_graph.txt").write_text(str(program.graph), encoding="utf-8")
+        ctx.files["fx_graph"] = "fx_graph.txt"
+    if ctx.config.jit_graph:
+        with training_modes(module, ctx.config.keep_dropout), torch.no_grad():
+            traced = torch.jit.trace(module, example_kwarg_inputs=dict(ctx.inputs.tensors), strict=False, check_trace=False)
+        (ctx.staging_dir / "jit_graph.txt").write_text(str(traced.inlined_graph), encoding="utf-8")
+        ctx.files["jit_graph"] = "jit_graph.txt"
+
+
+def _verify(ctx: ExportContext, settings: CaptureSettings) -> tuple[bool | None, dict[str, Any] | None]:
+    import onnx
+
+    identical = None
+    if ctx.config.verify_topology:
+        with ctx.stages.stage("topology", "compare with a plain torch.onnx.export") as st:
+            diff = compare_topology(ctx.model_proto, capture(ctx.loaded.module, ctx.inputs, settings))
+            if not diff.identical:
+                raise TopologyMismatchError("tagged graph differs from the baseline: " + "; ".join(diff.differences[:5]))
+            identical, st["detail"] = True, "identical to baseline"
+    with ctx.stages.stage("onnx_checker"):
+        try:
+            onnx.checker.check_model(ctx.model_proto)
+        except onnx.checker.ValidationError as exc:
+            raise ExportError(f"the exported model fails onnx.checker: {str(exc).splitlines()[0]}") from exc
+    if not ctx.config.validate:
+        ctx.stages.skip("parity", "--no-validate")
+        return identical, None
+    if ctx.config.keep_dropout:
+        ctx.stages.skip("parity", "dropout kept active: outputs are random by design")
+        return identical, None
+    with ctx.stages.stage("parity") as st:
+        report = check_parity(ctx.model_proto.SerializeToString(), ctx.inputs.as_numpy(), ctx.reference, ctx.config.atol)
+        st["detail"] = f"max abs diff {report.worst:.3g} <= {ctx.config.atol}"
+    return identical, report.to_dict()
+
+
+def _model_info(loaded: LoadedModel) -> dict[str, Any]:
+    cls = type(loaded.module)
+    return {
+        "class": cls.__name__,
+        "qualified_class": f"{cls.__module__}.{cls.__qualname__}",
+        "source": loaded.source,
+        "name_or_path": loaded.name_or_path,
+        "parameters": int(sum(p.numel() for p in loaded.module.parameters())),
+    }
+
+
+def _save_model(proto: Any, path: Path) -> None:
+    import onnx
+
+    large = proto.ByteSize() > 1_800_000_000
+    onnx.save_model(proto, str(path), save_as_external_data=large, location=f"{path.name}.data" if large else None)
+
+
+def _run_passes(ctx: ExportContext) -> None:
+    for target in PACKAGE_PASSES:
+        module_name, _, attr = target.partition(":")
+        getattr(importlib.import_module(module_name), attr)(ctx)
+
+
+def export(model: Any, output_dir: str | Path, config: ExportConfig | None = None, **options: Any) -> ExportResult:
+    """Export ``model`` (nn.Module, HF folder or hub id, ``file.py:factory``) to ``output_dir``.
+
+    Writes ``model.onnx`` (every node tagged) and ``model_hierarchy.json``; verifies with
+    ``onnx.checker`` and ONNX Runtime vs PyTorch parity. ``options`` are :class:`ExportConfig` fields.
+    """
+    cfg = (config or ExportConfig()).with_changes(**options) if options else (config or ExportConfig())
+    output_dir = Path(output_dir)
+    with atomic_dir(output_dir) as staging:
+        ctx = _prepare(model, cfg, staging)
+        settings = _settings(ctx)
+        with ctx.stages.stage("export", f"{cfg.exporter}, opset {cfg.opset or 'default'}"):
+            ctx.model_proto = capture(ctx.loaded.module, ctx.inputs, settings)
+        if cfg.fx_graph or cfg.jit_graph:
+            with ctx.stages.stage("graph_dumps"):
+                _dump_graphs(ctx)
+        with ctx.stages.stage("tagging") as st:
+            ctx.tagging = tag_model(ctx.model_proto, ctx.tree, cfg.exporter)
+            st["detail"] = f"{ctx.tagging.coverage['coverage_pct']}% of {ctx.tagging.coverage['total_nodes']} nodes"
+        identical, parity = _verify(ctx, settings)
+        result = _finish(ctx, output_dir, identical, parity)
+    return result
+
+
+def _prepare(model: Any, cfg: ExportConfig, staging: Path) -> ExportContext:
+    from .context import StageLog
+
+    stages = StageLog()
+    with stages.stage("load"):
+        loaded = load_model(model)
+    with stages.stage("inputs"):
+        tokenizer = _load_tokenizer(loaded) if cfg.text is not None or loaded.model_dir else None
+        inputs = build_inputs(loaded.module, cfg, tokenizer)
+    ctx = ExportContext(cfg, loaded, inputs, None, staging, tokenizer=tokenizer, stages=stages)
+    with stages.stage("reference_run", "PyTorch outputs and module call counts"):
+        ctx.tree = ModuleTree(loaded.module, TagRules(cfg.torch_nn_exceptions, cfg.include_torch_nn))
+        _reference_run(ctx)
+    return ctx
+
+
+def _finish(ctx: ExportContext, output_dir: Path, identical: bool | None, parity: dict[str, Any] | None) -> ExportResult:
+    cfg = ctx.config
+    opset = next((o.version for o in ctx.model_proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    settings = {
+        **cfg.to_dict(),
+        "opset": opset,
+        "input_names": ctx.inputs.names,
+        "output_names": [o.name for o in ctx.model_proto.graph.output],
+        "dynamic_axes": ctx.inputs.dynamic_axes(cfg.static_shapes),
+        "input_specs": [s.to_dict() for s in ctx.inputs.specs],
+    }
+    ctx.extra["export_settings"] = settings
+    _run_passes(ctx)
+    with ctx.stages.stage("write"):
+        _save_model(ctx.model_proto, ctx.staging_dir / MODEL_FILE)
+        sidecar = build_sidecar(ctx.model_proto, ctx.tree, ctx.tagging, settings, _model_info(ctx.loaded))
+        write_json(ctx.staging_dir / SIDECAR_NAME, sidecar)
+    result = ExportResult(
+        output_dir=output_dir,
+        onnx_path=output_dir / MODEL_FILE,
+        hierarchy_path=output_dir / SIDECAR_NAME,
+        exporter=cfg.exporter,
+        opset=opset,
+        node_count=len(ctx.model_proto.graph.node),
+        coverage=ctx.tagging.coverage,
+        parity=parity,
+        topology_identical=identical,
+        stages=ctx.stages.stages,
+        files={"model": MODEL_FILE, "hierarchy": SIDECAR_NAME, **ctx.files},
+        notes=ctx.notes,
+        extra=ctx.extra,
+    )
+    if cfg.with_report:
+        from ..report.export_report import render_export_report
+
+        write_text(ctx.staging_dir / "export_report.md", render_export_report(result, _model_info(ctx.loaded)))
+        result.files["report"] = "export_report.md"
+    return result

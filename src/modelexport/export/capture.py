@@ -1,0 +1,168 @@
+"""Capture a graph with torch.onnx: one registered function per exporter, same settings for the
+tagged export and for the plain baseline (so the topology check compares like with like)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ExportError, InputSpecError, UnsupportedOperatorError
+from .inputs import ExampleInputs
+
+__all__ = ["CaptureSettings", "EXPORTER_REGISTRY", "capture", "exporter"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """What both the tagged export and the baseline are made with."""
+
+    exporter: str
+    opset: int | None
+    output_names: tuple[str, ...] | None
+    static_shapes: bool
+    keep_batchnorm: bool
+    keep_dropout: bool
+
+
+CaptureFn = Callable[[Any, ExampleInputs, CaptureSettings], Any]
+EXPORTER_REGISTRY: dict[str, CaptureFn] = {}
+
+
+def exporter(name: str) -> Callable[[CaptureFn], CaptureFn]:
+    def deco(fn: CaptureFn) -> CaptureFn:
+        EXPORTER_REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torch.onnx prints progress and many warnings; keep the user's console for our messages."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch.fx")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, lvl in zip(loggers, levels, strict=True):
+            lg.setLevel(lvl)
+
+
+@contextlib.contextmanager
+def training_modes(model: Any, keep_dropout: bool) -> Iterator[None]:
+    """eval() everything; with ``keep_dropout`` put only Dropout layers in train mode (MC dropout). Restores."""
+    import torch.nn as nn
+
+    before = {m: m.training for m in model.modules()}
+    model.eval()
+    if keep_dropout:
+        for m in model.modules():
+            if isinstance(m, nn.modules.dropout._DropoutNd):
+                m.train()
+    try:
+        yield
+    finally:
+        for m, was in before.items():
+            m.training = was
+
+
+@exporter("dynamo")
+def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
+    import torch
+
+    kwargs = {**inputs.tensors, **inputs.constant_kwargs}
+    dynamic = None
+    if not s.static_shapes:
+        axes = inputs.dynamic_axes(False) or {}
+        dynamic = {name: {int(a): torch.export.Dim.DYNAMIC for a in axes.get(name, {})} for name in inputs.tensors}
+        dynamic.update({k: None for k in inputs.constant_kwargs})
+    program = torch.onnx.export(
+        model,
+        (),
+        kwargs=kwargs,
+        dynamo=True,
+        input_names=inputs.names,
+        output_names=list(s.output_names) if s.output_names else None,
+        dynamic_shapes=dynamic,
+        opset_version=s.opset,
+        optimize=not s.keep_batchnorm,  # the optimizer folds BatchNorm into Conv
+        verbose=False,
+        report=False,
+    )
+    return program.model_proto
+
+
+@exporter("torchscript")
+def _torchscript(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
+    import onnx
+    import torch
+
+    buffer = io.BytesIO()
+    args = tuple(inputs.tensors.values())
+    if inputs.constant_kwargs:
+        args = (*args, dict(inputs.constant_kwargs))
+    training = torch.onnx.TrainingMode.PRESERVE if s.keep_dropout else torch.onnx.TrainingMode.EVAL
+    torch.onnx.export(
+        model,
+        args,
+        buffer,
+        dynamo=False,
+        input_names=inputs.names,
+        output_names=list(s.output_names) if s.output_names else None,
+        dynamic_axes=inputs.dynamic_axes(s.static_shapes),
+        opset_version=s.opset or 17,
+        do_constant_folding=not (s.keep_batchnorm or s.keep_dropout),
+        training=training,
+    )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+_OP_PATTERNS = [
+    re.compile(r"Exporting the operator '?([\w:.]+)'? to ONNX"),
+    re.compile(r"No (?:ONNX )?(?:decomposition|function) found for[^\n]*?(?:op=)?'?((?:aten|prim|torchvision|[\w]+)::?[\w.]+)"),
+    re.compile(r"((?:aten|prim)[.:]{1,2}[\w.]+)"),
+]
+
+
+def _unsupported_op(text: str) -> str | None:
+    if not re.search(r"not supported|No (?:ONNX )?(?:decomposition|function)|Unsupported|unsupported", text):
+        return None
+    for pat in _OP_PATTERNS:
+        m = pat.search(text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def capture(model: Any, inputs: ExampleInputs, settings: CaptureSettings) -> Any:
+    """Export ``model`` with the chosen exporter and return the ``onnx.ModelProto``; typed errors."""
+    fn = EXPORTER_REGISTRY[settings.exporter]
+    try:
+        with _quiet(), training_modes(model, settings.keep_dropout):
+            return fn(model, inputs, settings)
+    except (TypeError, IndexError) as exc:
+        if "argument" in str(exc) or "positional" in str(exc):
+            raise InputSpecError(f"the example inputs do not match forward(): {exc}") from exc
+        raise ExportError(f"{settings.exporter} export failed: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        text = f"{exc}\n{exc.__cause__ or ''}"
+        op = _unsupported_op(text)
+        if op:
+            raise UnsupportedOperatorError(
+                f"the {settings.exporter} exporter cannot convert operator {op!r} to ONNX"
+                f" (opset {settings.opset or 'default'}): check that your model's ops are ONNX compliant"
+            ) from exc
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ExportError(f"{settings.exporter} export failed: {type(exc).__name__}: {first[:500]}") from exc

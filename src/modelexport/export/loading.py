@@ -1,0 +1,158 @@
+"""Resolve what the user calls a model into an ``nn.Module`` plus what we know of its source."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidModelError, ModelLoadError, ModelNotFoundError
+
+__all__ = ["LoadedModel", "load_model"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to export, and where it came from."""
+
+    module: Any  # torch.nn.Module
+    source: str  # "module" | "huggingface" | "factory"
+    name_or_path: str | None = None
+    model_dir: Path | None = None  # local folder holding config/tokenizer files, when there is one
+
+    @property
+    def hf_config(self) -> Any | None:
+        """The transformers config, for Hugging Face models."""
+        return getattr(self.module, "config", None) if _is_hf_model(self.module) else None
+
+
+def _is_hf_model(module: Any) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(module, PreTrainedModel)
+
+
+def _check_module(obj: Any, origin: str) -> Any:
+    import torch
+
+    if not isinstance(obj, torch.nn.Module):
+        raise InvalidModelError(f"{origin} returned {type(obj).__name__}, not a torch.nn.Module")
+    return obj
+
+
+def _load_factory(spec: str) -> LoadedModel:
+    """``path/to/file.py:factory`` or ``package.module:factory``."""
+    target, _, attr = spec.rpartition(":")
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise ModelNotFoundError(f"factory file not found: {path}")
+        mod_name = f"_modelexport_factory_{abs(hash(path.resolve()))}"
+        module_spec = importlib.util.spec_from_file_location(mod_name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise InvalidModelError(f"cannot import {path} as a Python module")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[mod_name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise ModelLoadError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as exc:
+            raise ModelNotFoundError(f"cannot import module {target!r}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise InvalidModelError(f"{target} has no attribute {attr!r}")
+    try:
+        obj = factory() if callable(factory) and not _is_module_instance(factory) else factory
+    except Exception as exc:
+        raise ModelLoadError(f"calling {spec} failed: {type(exc).__name__}: {exc}") from exc
+    return LoadedModel(_check_module(obj, spec), "factory", name_or_path=spec)
+
+
+def _is_module_instance(obj: Any) -> bool:
+    import torch
+
+    return isinstance(obj, torch.nn.Module)
+
+
+def _hf_model_class(config: Any) -> Any:
+    """The transformers class named by the config's ``architectures``, else ``AutoModel``."""
+    import transformers
+
+    for arch in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    return transformers.AutoModel
+
+
+def _load_hf(name_or_path: str, local: bool) -> LoadedModel:
+    from transformers import AutoConfig
+
+    kwargs = {"local_files_only": True} if local else {}
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, **kwargs)
+    except OSError as exc:
+        if local:
+            raise ModelLoadError(f"{name_or_path} is not a Hugging Face model folder (no loadable config.json): {exc}") from exc
+        raise ModelNotFoundError(
+            f"{name_or_path!r} is neither a local path nor a reachable/cached Hugging Face hub id ({exc.__class__.__name__})",
+            hint="check the spelling; offline, use a local model folder or pre-download it into the HF cache",
+        ) from exc
+    except ValueError as exc:
+        raise ModelLoadError(f"cannot read the config of {name_or_path}: {exc}") from exc
+    cls = _hf_model_class(config)
+    try:
+        module = cls.from_pretrained(name_or_path, config=config, **kwargs)
+    except Exception as exc:
+        raise ModelLoadError(f"loading {name_or_path} with {cls.__name__} failed: {type(exc).__name__}: {exc}") from exc
+    module.eval()
+    model_dir = Path(name_or_path) if local else _cached_dir(name_or_path)
+    return LoadedModel(module, "huggingface", name_or_path=name_or_path, model_dir=model_dir)
+
+
+def _cached_dir(repo_id: str) -> Path | None:
+    """The local snapshot folder of a hub model, so its tokenizer files can be packaged."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception:  # noqa: BLE001 - only used to find processor files; absence is fine
+        return None
+
+
+def load_model(model: Any) -> LoadedModel:
+    """Accept an ``nn.Module``, a local HF folder, a hub id, or ``file.py:factory`` / ``pkg.mod:factory``."""
+    if isinstance(model, LoadedModel):
+        return model
+    if _is_module_instance(model):
+        source = "huggingface" if _is_hf_model(model) else "module"
+        name = getattr(getattr(model, "config", None), "_name_or_path", None) or None
+        model_dir = Path(name) if name and Path(name).is_dir() else None
+        return LoadedModel(model.eval(), source, name_or_path=name, model_dir=model_dir)
+    if not isinstance(model, (str, Path)):
+        raise InvalidModelError(f"cannot export a {type(model).__name__}; pass an nn.Module or a model path")
+    spec = str(model)
+    path = Path(spec)
+    if path.is_dir():
+        return _load_hf(spec, local=True)
+    if path.suffix == ".onnx":
+        raise InvalidModelError(f"{spec} is already an ONNX file; export takes a PyTorch or Hugging Face model")
+    if ":" in spec and not path.exists():
+        return _load_factory(spec)
+    if path.exists():
+        raise InvalidModelError(f"{spec} is a file; pass a model folder, a hub id, or 'file.py:factory'")
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:
+        raise ModelNotFoundError(f"model path not found: {spec}")
+    return _load_hf(spec, local=False)

@@ -1,0 +1,81 @@
+"""Where each exporter records the module that produced a node, mapped onto the module tree.
+
+- dynamo: node ``metadata_props['pkg.torch.onnx.name_scopes']``, a list of module paths ending
+  with the FX node name.
+- torchscript: scoped node names, ``/encoder/layer.0/attention/self/query/MatMul``; a module called
+  again shows as ``fc_1``.
+
+A reader returns the deepest module path it can resolve, or ``None`` (the node is then tagged by
+propagation).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["SCOPE_READERS", "scope_reader", "module_path_for"]
+
+_CALL_SUFFIX = re.compile(r"^(.*?)(?:_\d+|@\d+)$")
+NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+
+ScopeReader = Callable[[Any, set[str]], str | None]
+SCOPE_READERS: dict[str, ScopeReader] = {}
+
+
+def scope_reader(exporter: str) -> Callable[[ScopeReader], ScopeReader]:
+    def deco(fn: ScopeReader) -> ScopeReader:
+        SCOPE_READERS[exporter] = fn
+        return fn
+
+    return deco
+
+
+def _resolve(candidate: str, paths: set[str]) -> str | None:
+    """``candidate`` itself, or with a repeated-call suffix (``_1``/``@1``) stripped from any segment."""
+    if candidate in paths:
+        return candidate
+    parts = candidate.split(".")
+    stripped = [(_CALL_SUFFIX.match(p).group(1) if _CALL_SUFFIX.match(p) else p) for p in parts]  # type: ignore[union-attr]
+    joined = ".".join(stripped)
+    return joined if joined in paths else None
+
+
+@scope_reader("dynamo")
+def _dynamo_scope(node: Any, paths: set[str]) -> str | None:
+    raw = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES_KEY), None)
+    if raw is None:
+        return None
+    try:
+        scopes = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(scopes, list) or len(scopes) < 2:
+        return None
+    for candidate in reversed(scopes[:-1]):  # last entry is the FX node, not a module
+        resolved = _resolve(str(candidate), paths)
+        if resolved is not None:
+            return resolved
+    return None
+
+
+@scope_reader("torchscript")
+def _torchscript_scope(node: Any, paths: set[str]) -> str | None:
+    name = node.name or ""
+    if not name.startswith("/"):
+        return None
+    segments = name[1:].split("/")[:-1]  # last segment is the op name
+    current = ""
+    for seg in segments:
+        candidate = f"{current}.{seg}" if current else seg
+        resolved = _resolve(candidate, paths)
+        if resolved is None:
+            break
+        current = resolved
+    return current
+
+
+def module_path_for(exporter: str, node: Any, paths: set[str]) -> str | None:
+    return SCOPE_READERS[exporter](node, paths)

@@ -1,0 +1,86 @@
+"""The tag format and helpers shared by every command that reads tags.
+
+A tag is ``/Seg/Seg.N/...``: class names from the root module down, with an instance suffix
+(``BertLayer.0``) taken from the attribute name in the parent when that is an index, or when
+siblings of the same class must be told apart.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "TAG_KEY",
+    "TAG_SOURCE_KEY",
+    "TAG_PATTERN",
+    "common_ancestor",
+    "is_within",
+    "parse_tag",
+    "read_node_tags",
+    "node_key",
+    "set_node_tag",
+]
+
+TAG_KEY = "modelexport.hierarchy_tag"
+TAG_SOURCE_KEY = "modelexport.tag_source"  # "scope" | "propagated" | "inherited" (added by a transform)
+_SEGMENT = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*"
+TAG_PATTERN = re.compile(rf"^(?:/{_SEGMENT})+$")
+
+
+def parse_tag(tag: str) -> list[str]:
+    """Split a tag into its segments; raises ValueError for a malformed tag."""
+    if not isinstance(tag, str) or not TAG_PATTERN.match(tag):
+        raise ValueError(f"malformed hierarchy tag {tag!r}; expected '/Root/Child.0/...'")
+    return tag[1:].split("/")
+
+
+def is_within(tag: str, ancestor: str) -> bool:
+    """True if ``tag`` is ``ancestor`` or below it."""
+    return tag == ancestor or tag.startswith(ancestor.rstrip("/") + "/")
+
+
+def common_ancestor(tags: list[str] | set[str]) -> str | None:
+    """The deepest tag that contains all ``tags`` (segment-wise common prefix)."""
+    tags = [t for t in tags if t]
+    if not tags:
+        return None
+    split = [t[1:].split("/") for t in tags]
+    prefix: list[str] = []
+    for parts in zip(*split, strict=False):
+        if all(p == parts[0] for p in parts):
+            prefix.append(parts[0])
+        else:
+            break
+    return "/" + "/".join(prefix) if prefix else None
+
+
+def node_key(node: Any, index: int) -> str:
+    """A stable key for a node: its name, or ``op_type#index`` for unnamed nodes."""
+    return node.name or f"{node.op_type}#{index}"
+
+
+def _props(node: Any) -> dict[str, str]:
+    return {p.key: p.value for p in node.metadata_props}
+
+
+def read_node_tags(model: Any) -> dict[str, dict[str, str | None]]:
+    """Node key -> {tag, source, op_type} for the main graph, read from node metadata."""
+    out: dict[str, dict[str, str | None]] = {}
+    for i, node in enumerate(model.graph.node):
+        props = _props(node)
+        out[node_key(node, i)] = {"tag": props.get(TAG_KEY), "source": props.get(TAG_SOURCE_KEY), "op_type": node.op_type}
+    return out
+
+
+def set_node_tag(node: Any, tag: str, source: str | None = None) -> None:
+    """Set (or replace) a node's tag entries in its ``metadata_props``."""
+    wanted = {TAG_KEY: tag}
+    if source is not None:
+        wanted[TAG_SOURCE_KEY] = source
+    for prop in node.metadata_props:
+        if prop.key in wanted:
+            prop.value = wanted.pop(prop.key)
+    for key, value in wanted.items():
+        entry = node.metadata_props.add()
+        entry.key, entry.value = key, value

@@ -1,0 +1,186 @@
+"""The module tree of an ``nn.Module`` and the rules that turn module paths into tags.
+
+Universal rules only: a module is a tag level unless it is a plain ``torch.nn`` building block
+(Linear, Dropout, activations, containers...), except the configurable exceptions (norms and
+embeddings by default). The root is always a level. Distinct kept modules always get distinct tags.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..export.config import DEFAULT_TORCH_NN_EXCEPTIONS
+
+__all__ = ["TagRules", "ModuleInfo", "ModuleTree"]
+
+
+@dataclass(frozen=True)
+class TagRules:
+    """Which modules become tag levels."""
+
+    torch_nn_exceptions: tuple[str, ...] = DEFAULT_TORCH_NN_EXCEPTIONS
+    include_torch_nn: bool = False
+
+    def keeps(self, module: Any) -> bool:
+        if self.include_torch_nn or not _is_torch_nn(module):
+            return True
+        name = type(module).__name__
+        return any(fnmatch.fnmatchcase(name, pat) for pat in self.torch_nn_exceptions)
+
+
+def _is_torch_nn(module: Any) -> bool:
+    return type(module).__module__.startswith("torch.nn.")
+
+
+@dataclass
+class ModuleInfo:
+    """What the sidecar records for one module (R9)."""
+
+    path: str
+    class_name: str
+    qualified_class: str
+    kept: bool
+    tag: str = ""
+    forward_args: list[str] = field(default_factory=list)
+    direct_parameters: list[str] = field(default_factory=list)
+    inherited_parameters: list[str] = field(default_factory=list)
+    children: dict[str, str] = field(default_factory=dict)
+    call_count: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "class": self.class_name,
+            "qualified_class": self.qualified_class,
+            "tag": self.tag,
+            "is_tag_level": self.kept,
+            "forward_args": self.forward_args,
+            "parameters": {"direct": self.direct_parameters, "inherited": self.inherited_parameters},
+            "children": self.children,
+            "call_count": self.call_count,
+        }
+
+
+def _forward_args(module: Any) -> list[str]:
+    try:
+        return [p for p in inspect.signature(module.forward).parameters]
+    except (TypeError, ValueError):
+        return []
+
+
+class ModuleTree:
+    """Module path -> info and tag; ``""`` is the root."""
+
+    def __init__(self, root: Any, rules: TagRules | None = None) -> None:
+        self.rules = rules or TagRules()
+        self.modules: dict[str, Any] = dict(root.named_modules(remove_duplicate=False))
+        self.info: dict[str, ModuleInfo] = {}
+        for path, module in self.modules.items():
+            cls = type(module)
+            direct = [n for n, _ in module.named_parameters(recurse=False)]
+            everything = [n for n, _ in module.named_parameters()]
+            self.info[path] = ModuleInfo(
+                path=path,
+                class_name=cls.__name__,
+                qualified_class=f"{cls.__module__}.{cls.__qualname__}",
+                kept=path == "" or self.rules.keeps(module),
+                forward_args=_forward_args(module),
+                direct_parameters=direct,
+                inherited_parameters=[n for n in everything if n not in direct],
+                children={name: type(child).__name__ for name, child in module.named_children()},
+            )
+        self._assign_tags()
+
+    # -- paths ---------------------------------------------------------------------------------
+    @staticmethod
+    def parent(path: str) -> str | None:
+        if path == "":
+            return None
+        return path.rpartition(".")[0]
+
+    def ancestors(self, path: str) -> list[str]:
+        """Paths from the root down to ``path`` (inclusive)."""
+        out = [path]
+        while (p := self.parent(out[-1])) is not None:
+            out.append(p)
+        return out[::-1]
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.modules
+
+    # -- tags ----------------------------------------------------------------------------------
+    def _segment(self, path: str) -> str:
+        info = self.info[path]
+        if path == "":
+            return info.class_name
+        parent = self.parent(path)
+        name = path.rpartition(".")[2]
+        siblings = Counter(self.info[parent].children.values()) if parent is not None else Counter()
+        if name.isdigit() or siblings[info.class_name] > 1:
+            return f"{info.class_name}.{name}"
+        return info.class_name
+
+    def _compute_tag(self, path: str, levels: set[str]) -> str:
+        return "/" + "/".join(self._segment(p) for p in self.ancestors(path) if p in levels)
+
+    def _assign_tags(self) -> None:
+        """Tag every kept module; if two kept modules collide, make their hidden containers levels."""
+        levels = {p for p, i in self.info.items() if i.kept}
+        for _ in range(len(self.info) + 1):
+            tags = {p: self._compute_tag(p, levels) for p in levels}
+            by_tag: dict[str, list[str]] = {}
+            for p, t in tags.items():
+                by_tag.setdefault(t, []).append(p)
+            clashes = [ps for ps in by_tag.values() if len(ps) > 1]
+            if not clashes:
+                break
+            grown = {a for ps in clashes for p in ps for a in self.ancestors(p)} - levels
+            if not grown:  # nothing hidden left to reveal: cannot happen for a tree, guard anyway
+                break
+            levels |= grown
+        for path, info in self.info.items():
+            info.kept = path in levels
+        for path, info in self.info.items():
+            owner = self.owner(path)
+            info.tag = tags[owner]
+        self.tag_to_path = {tags[p]: p for p in levels}
+
+    def owner(self, path: str) -> str:
+        """The nearest kept module at or above ``path``."""
+        for p in reversed(self.ancestors(path)):
+            if self.info[p].kept:
+                return p
+        return ""
+
+    def tag_of(self, path: str) -> str:
+        return self.info[path].tag
+
+    @property
+    def root_tag(self) -> str:
+        return self.info[""].tag
+
+    # -- call counts ---------------------------------------------------------------------------
+    def count_calls(self, root: Any, run: Any) -> None:
+        """Run ``run()`` with forward hooks on every module and record how often each is called."""
+        handles = []
+        by_id: dict[int, list[str]] = {}
+        for path, module in self.modules.items():
+            by_id.setdefault(id(module), []).append(path)
+
+        def hook(module: Any, args: Any, output: Any) -> None:
+            for path in by_id.get(id(module), []):
+                self.info[path].call_count += 1
+
+        seen: set[int] = set()
+        for module in self.modules.values():
+            if id(module) not in seen:
+                seen.add(id(module))
+                handles.append(module.register_forward_hook(hook))
+        try:
+            run()
+        finally:
+            for h in handles:
+                h.remove()

@@ -1,0 +1,1 @@
+"""Human-readable reports: export report, configuration summaries, final pipeline report."""

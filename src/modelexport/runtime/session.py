@@ -1,0 +1,171 @@
+"""One session factory for every part of modelexport.
+
+Providers are an ordered preference list; CPU is always appended last so a session can always be
+made. Unavailable providers are skipped with one warning naming what is available, and every
+attempt is recorded so callers can report what ran where.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, OnnxFileError, ProviderError
+
+__all__ = ["SessionConfig", "SessionInfo", "available_providers", "create_session", "resolve_providers"]
+
+log = logging.getLogger(__name__)
+
+CPU = "CPUExecutionProvider"
+#: Short names users type on the command line (``--ep cuda,cpu``).
+PROVIDER_ALIASES: dict[str, str] = {
+    "cpu": CPU,
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+    "trt": "TensorrtExecutionProvider",
+    "rocm": "ROCMExecutionProvider",
+    "migraphx": "MIGraphXExecutionProvider",
+    "openvino": "OpenVINOExecutionProvider",
+    "dml": "DmlExecutionProvider",
+    "directml": "DmlExecutionProvider",
+    "coreml": "CoreMLExecutionProvider",
+    "qnn": "QNNExecutionProvider",
+    "xnnpack": "XnnpackExecutionProvider",
+}
+GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+
+
+def available_providers() -> list[str]:
+    """Providers this onnxruntime build can use."""
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def _canonical(name: str) -> str:
+    key = name.strip()
+    if key.lower() in PROVIDER_ALIASES:
+        return PROVIDER_ALIASES[key.lower()]
+    if key.endswith("ExecutionProvider"):
+        return key
+    known = sorted(set(PROVIDER_ALIASES) | set(PROVIDER_ALIASES.values()))
+    raise ConfigError(f"unknown execution provider {name!r}; valid names: {', '.join(known)}")
+
+
+def resolve_providers(requested: list[str] | str | None, available: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """Return (providers to try in order, requested-but-unavailable). CPU always comes last."""
+    if isinstance(requested, str):
+        requested = [p for p in requested.split(",") if p.strip()]
+    wanted = [_canonical(p) for p in (requested or [])]
+    available = available if available is not None else available_providers()
+    order: list[str] = []
+    skipped: list[str] = []
+    for p in wanted:
+        if p == CPU or p in order:
+            continue
+        (order if p in available else skipped).append(p)
+    order.append(CPU)
+    return order, skipped
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How to build an InferenceSession."""
+
+    providers: tuple[str, ...] = ()
+    graph_optimization_level: str = "all"
+    optimized_model_filepath: str | None = None
+    intra_op_num_threads: int = 0
+    inter_op_num_threads: int = 0
+    enable_profiling: bool = False
+    profile_file_prefix: str | None = None
+    log_severity_level: int = 3
+    provider_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.providers, str):
+            object.__setattr__(self, "providers", tuple(p for p in self.providers.split(",") if p.strip()))
+        else:
+            object.__setattr__(self, "providers", tuple(self.providers or ()))
+        if self.graph_optimization_level not in GRAPH_LEVELS:
+            raise ConfigError(
+                f"graph_optimization_level must be one of {', '.join(GRAPH_LEVELS)}, got {self.graph_optimization_level!r}"
+            )
+        if self.intra_op_num_threads < 0 or self.inter_op_num_threads < 0:
+            raise ConfigError("thread counts must be >= 0 (0 lets ONNX Runtime choose)")
+
+
+@dataclass
+class SessionInfo:
+    """What was asked for and what actually runs."""
+
+    requested: list[str]
+    tried: list[str]
+    skipped_unavailable: list[str]
+    errors: dict[str, str]
+    active: list[str]
+
+    @property
+    def provider(self) -> str:
+        return self.active[0] if self.active else CPU
+
+
+def _session_options(cfg: SessionConfig) -> Any:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_LEVELS[cfg.graph_optimization_level])
+    so.log_severity_level = cfg.log_severity_level
+    if cfg.optimized_model_filepath:
+        so.optimized_model_filepath = str(cfg.optimized_model_filepath)
+    if cfg.intra_op_num_threads:
+        so.intra_op_num_threads = cfg.intra_op_num_threads
+    if cfg.inter_op_num_threads:
+        so.inter_op_num_threads = cfg.inter_op_num_threads
+    if cfg.enable_profiling:
+        so.enable_profiling = True
+        if cfg.profile_file_prefix:
+            so.profile_file_prefix = cfg.profile_file_prefix
+    return so
+
+
+def create_session(model: str | os.PathLike[str] | bytes | Any, config: SessionConfig | None = None, **overrides: Any):
+    """Create an ``onnxruntime.InferenceSession`` with provider fallback.
+
+    ``model`` is a path, serialized bytes or an ``onnx.ModelProto``. Returns ``(session, SessionInfo)``.
+    Each provider is tried in order; its error is kept and the next is tried; CPU comes last.
+    """
+    import onnxruntime as ort
+
+    cfg = config or SessionConfig()
+    if overrides:
+        cfg = SessionConfig(**{**cfg.__dict__, **overrides})
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    elif not isinstance(model, bytes):
+        path = Path(model)
+        if not path.is_file():
+            raise OnnxFileError(f"ONNX model not found: {path}")
+        model = str(path)
+    order, skipped = resolve_providers(list(cfg.providers))
+    if skipped:
+        log.warning("execution providers not available here: %s; available: %s", ", ".join(skipped), ", ".join(available_providers()))
+    so = _session_options(cfg)
+    errors: dict[str, str] = {}
+    for i, provider in enumerate(order):
+        chain = order[i:]
+        opts = [cfg.provider_options.get(p, {}) for p in chain]
+        try:
+            sess = ort.InferenceSession(model, sess_options=so, providers=chain, provider_options=opts)
+        except Exception as exc:  # noqa: BLE001 - recorded and reported, then the next provider is tried
+            errors[provider] = f"{type(exc).__name__}: {exc}"
+            log.warning("provider %s failed (%s); falling back", provider, errors[provider].splitlines()[0])
+            continue
+        info = SessionInfo(list(cfg.providers), order[: i + 1], skipped, errors, list(sess.get_providers()))
+        return sess, info
+    if isinstance(model, str):
+        raise OnnxFileError(f"ONNX Runtime cannot load {model}: {errors.get(CPU, 'unknown error')}")
+    raise ProviderError(f"no execution provider could create a session: {errors}")
