@@ -96,7 +96,7 @@ def _reference_run(ctx: ExportContext) -> None:
 
     def run() -> None:
         with torch.no_grad(), training_modes(module, ctx.config.keep_dropout):
-            holder["out"] = module(**ctx.inputs.tensors, **ctx.inputs.constant_kwargs)
+            holder["out"] = module(**ctx.inputs.tensors)
 
     try:
         ctx.tree.count_calls(module, run)
@@ -117,7 +117,7 @@ def _settings(ctx: ExportContext) -> CaptureSettings:
 def _dump_graphs(ctx: ExportContext) -> None:
     import torch
 
-    module, kwargs = ctx.loaded.module, {**ctx.inputs.tensors, **ctx.inputs.constant_kwargs}
+    module, kwargs = ctx.loaded.module, dict(ctx.inputs.tensors)
     if ctx.config.fx_graph:
         with training_modes(module, ctx.config.keep_dropout):
             program = torch.export.export(module, (), kwargs=kwargs, strict=False)

@@ -62,32 +62,41 @@ def _quiet() -> Iterator[None]:
 
 @contextlib.contextmanager
 def training_modes(model: Any, keep_dropout: bool) -> Iterator[None]:
-    """eval() everything; with ``keep_dropout`` put only Dropout layers in train mode (MC dropout). Restores."""
+    """Put the model in its export state and restore it afterwards.
+
+    eval() everything (with ``keep_dropout``, Dropout layers stay in train mode: MC dropout), and
+    switch off a config's ``use_cache`` so the graph returns no key/value cache.
+    """
     import torch.nn as nn
 
     before = {m: m.training for m in model.modules()}
+    config = getattr(model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
     model.eval()
     if keep_dropout:
         for m in model.modules():
             if isinstance(m, nn.modules.dropout._DropoutNd):
                 m.train()
+    if use_cache:
+        config.use_cache = False
     try:
         yield
     finally:
         for m, was in before.items():
             m.training = was
+        if use_cache:
+            config.use_cache = use_cache
 
 
 @exporter("dynamo")
 def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     import torch
 
-    kwargs = {**inputs.tensors, **inputs.constant_kwargs}
+    kwargs = dict(inputs.tensors)
     dynamic = None
     if not s.static_shapes:
         axes = inputs.dynamic_axes(False) or {}
         dynamic = {name: {int(a): torch.export.Dim.DYNAMIC for a in axes.get(name, {})} for name in inputs.tensors}
-        dynamic.update({k: None for k in inputs.constant_kwargs})
     program = torch.onnx.export(
         model,
         (),
@@ -104,28 +113,53 @@ def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     return program.model_proto
 
 
+@contextlib.contextmanager
+def _forward_taking_only(model: Any, names: list[str]) -> Iterator[None]:
+    """Give ``model.forward`` a signature of exactly ``names`` while tracing; restore it after.
+
+    The torchscript exporter turns keyword inputs into positional ones by filling in every
+    parameter of ``forward``; decorators that add keywords themselves (transformers'
+    ``use_cache``) then receive them twice. Scopes come from module calls, so tags are unchanged.
+    """
+    import inspect
+
+    original = model.forward
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        bound = dict(zip(names, args, strict=False))
+        return original(**bound, **kwargs)
+
+    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    model.forward = forward
+    try:
+        yield
+    finally:
+        del model.forward  # the instance attribute goes; the class's forward is back
+        if model.forward != original:  # pragma: no cover - forward was an instance attribute before
+            model.forward = original
+
+
 @exporter("torchscript")
 def _torchscript(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     import onnx
     import torch
 
     buffer = io.BytesIO()
-    args = tuple(inputs.tensors.values())
-    if inputs.constant_kwargs:
-        args = (*args, dict(inputs.constant_kwargs))
     training = torch.onnx.TrainingMode.PRESERVE if s.keep_dropout else torch.onnx.TrainingMode.EVAL
-    torch.onnx.export(
-        model,
-        args,
-        buffer,
-        dynamo=False,
-        input_names=inputs.names,
-        output_names=list(s.output_names) if s.output_names else None,
-        dynamic_axes=inputs.dynamic_axes(s.static_shapes),
-        opset_version=s.opset or 17,
-        do_constant_folding=not (s.keep_batchnorm or s.keep_dropout),
-        training=training,
-    )
+    with _forward_taking_only(model, inputs.names):
+        torch.onnx.export(
+            model,
+            tuple(inputs.tensors.values()),
+            buffer,
+            dynamo=False,
+            input_names=inputs.names,
+            output_names=list(s.output_names) if s.output_names else None,
+            dynamic_axes=inputs.dynamic_axes(s.static_shapes),
+            opset_version=s.opset or 17,
+            do_constant_folding=not (s.keep_batchnorm or s.keep_dropout),
+            training=training,
+        )
     return onnx.load_from_string(buffer.getvalue())
 
 
@@ -165,4 +199,8 @@ def capture(model: Any, inputs: ExampleInputs, settings: CaptureSettings) -> Any
                 f" (opset {settings.opset or 'default'}): check that your model's ops are ONNX compliant"
             ) from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ExportError(f"{settings.exporter} export failed: {type(exc).__name__}: {first[:500]}") from exc
+        other = "torchscript" if settings.exporter == "dynamo" else "dynamo"
+        raise ExportError(
+            f"{settings.exporter} export failed: {type(exc).__name__}: {first[:500]}",
+            hint=f"check that your model's ops are ONNX compliant; try --exporter {other} or another --opset",
+        ) from exc

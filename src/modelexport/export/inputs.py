@@ -104,7 +104,6 @@ class ExampleInputs:
 
     specs: tuple[InputSpec, ...]
     tensors: dict[str, Any]  # name -> torch.Tensor
-    constant_kwargs: dict[str, Any]  # forward kwargs fixed at export (e.g. use_cache=False)
 
     @property
     def names(self) -> list[str]:
@@ -217,7 +216,6 @@ def build_inputs(module: Any, cfg: ExportConfig, tokenizer: Any | None = None, s
     """Build example inputs: explicit specs win, then HF conventions, then the first layer's shape."""
     params = forward_parameters(module)
     names = [p.name for p in params]
-    constants: dict[str, Any] = {}
     config = getattr(module, "config", None)
     if cfg.input_specs:
         specs = list(cfg.input_specs)
@@ -234,8 +232,7 @@ def build_inputs(module: Any, cfg: ExportConfig, tokenizer: Any | None = None, s
             )
         specs = _apply_shape_override([spec], cfg)
     _check_against_signature(tuple(specs), params)
-    if "use_cache" in names:
-        constants["use_cache"] = False
+    specs.sort(key=lambda s: names.index(s.name))  # graph inputs follow forward()'s order in both exporters
     tensors = {s.name: _make_tensor(s, seed + i) for i, s in enumerate(specs)}
     if cfg.text is not None:
         if tokenizer is None:
@@ -244,4 +241,4 @@ def build_inputs(module: Any, cfg: ExportConfig, tokenizer: Any | None = None, s
         for k, v in tokens.items():
             tensors[k] = v
         specs = [InputSpec(s.name, tuple(tensors[s.name].shape), s.dtype, s.dynamic_axes, s.range) for s in specs]
-    return ExampleInputs(tuple(specs), tensors, constants)
+    return ExampleInputs(tuple(specs), tensors)

