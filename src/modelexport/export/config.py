@@ -114,6 +114,11 @@ class ExportConfig:
     embed_metadata: bool = True
     task: str | None = None
     quantize: str | None = None
+    #: Class labels for classifiers that have no transformers config (embedded in the metadata).
+    id2label: dict[int, str] | None = None
+    #: Pre-processing of a plain torch model, in transformers' processor-config form
+    #: (e.g. {"image_processor_type": ..., "size": ..., "image_mean": ...}); embedded in the metadata.
+    processor_config: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -136,6 +141,8 @@ class ExportConfig:
             if not shape or any(d <= 0 for d in shape):
                 raise ConfigError(f"input_shape must be positive integers, got {self.input_shape!r}")
             object.__setattr__(self, "input_shape", shape)
+        if self.id2label is not None:
+            object.__setattr__(self, "id2label", {int(k): str(v) for k, v in dict(self.id2label).items()})
         if self.quantize not in (None, "none", "dynamic", "static"):
             raise ConfigError(f"quantize must be none, dynamic or static, got {self.quantize!r}")
 
