@@ -42,7 +42,10 @@ class ExportCache:
         key = (name, tuple(sorted(options.items())))
         if key not in self._results:
             out = self.root / f"{name}-{len(self._results)}"
-            model = factory() if callable(factory) and not hasattr(factory, "forward") else factory
+            import torch
+
+            is_instance = isinstance(factory, torch.nn.Module)
+            model = factory() if callable(factory) and not is_instance else factory
             self._results[key] = modelexport.export(model, out, **options)
         return self._results[key]
 

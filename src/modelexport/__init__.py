@@ -11,9 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
+# The subpackage ``modelexport.export`` and the function ``modelexport.export`` share a name: import the
+# (torch-free) subpackage first so that binding happens now, then bind the name to the function.
+from . import export as _export_package  # noqa: F401
+from .export.api import export
+
 #: Public name -> "module:attribute" (resolved on first access).
 _LAZY: dict[str, str] = {
-    "export": "modelexport.export.api:export",
     "ExportConfig": "modelexport.export.config:ExportConfig",
     "ExportResult": "modelexport.export.api:ExportResult",
     "InputSpec": "modelexport.export.config:InputSpec",
@@ -22,7 +26,7 @@ _LAZY: dict[str, str] = {
     "errors": "modelexport.errors",
 }
 
-__all__ = ["__version__", *sorted(_LAZY)]
+__all__ = ["__version__", "export", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:
@@ -42,6 +46,6 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import errors
-    from .export.api import ExportResult, export
+    from .export.api import ExportResult
     from .export.config import ExportConfig, InputSpec
     from .runtime.session import SessionConfig, create_session

@@ -49,14 +49,15 @@ def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
         raise OutputWriteError(f"cannot write to {target.parent}: {exc.strerror or exc}") from exc
     try:
         yield tmp
-        target.mkdir(parents=True, exist_ok=True)
-        for item in tmp.iterdir():
-            dest = target / item.name
-            if dest.is_dir() and not dest.is_symlink():
-                shutil.rmtree(dest)
-            os.replace(item, dest)
-    except OSError as exc:
-        raise OutputWriteError(f"cannot write to {target}: {exc.strerror or exc}") from exc
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+            for item in tmp.iterdir():
+                dest = target / item.name
+                if dest.is_dir() and not dest.is_symlink():
+                    shutil.rmtree(dest)
+                os.replace(item, dest)
+        except OSError as exc:
+            raise OutputWriteError(f"cannot write to {target}: {exc.strerror or exc}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -33,7 +33,10 @@ MODEL_FILE = "model.onnx"
 
 #: Steps run on the tagged model before it is written, in order: ``fn(ctx: ExportContext) -> None``.
 #: Each decides from ``ctx.config`` whether it applies (metadata embedding, package files, quantization).
-PACKAGE_PASSES: list[str] = []
+PACKAGE_PASSES: list[str] = [
+    "modelexport.metadata.embed:embed_metadata_pass",
+    "modelexport.metadata.embed:package_pass",
+]
 
 
 @dataclass

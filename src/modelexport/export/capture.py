@@ -163,20 +163,19 @@ def _torchscript(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     return onnx.load_from_string(buffer.getvalue())
 
 
+#: How each exporter names an operator it cannot convert.
 _OP_PATTERNS = [
-    re.compile(r"Exporting the operator '?([\w:.]+)'? to ONNX"),
-    re.compile(r"No (?:ONNX )?(?:decomposition|function) found for[^\n]*?(?:op=)?'?((?:aten|prim|torchvision|[\w]+)::?[\w.]+)"),
-    re.compile(r"((?:aten|prim)[.:]{1,2}[\w.]+)"),
+    re.compile(r"No ONNX function found for <OpOverload\(op='([\w.:]+)'"),  # dynamo
+    re.compile(r"Exporting the operator '?([\w:.]+)'? to ONNX"),  # torchscript, known namespace
+    re.compile(r"unrecognized namespace ([\w:.]+)"),  # torchscript, custom namespace
 ]
 
 
 def _unsupported_op(text: str) -> str | None:
-    if not re.search(r"not supported|No (?:ONNX )?(?:decomposition|function)|Unsupported|unsupported", text):
-        return None
     for pat in _OP_PATTERNS:
         m = pat.search(text)
         if m:
-            return m.group(1)
+            return m.group(1).rstrip(".")
     return None
 
 

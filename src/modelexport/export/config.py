@@ -8,11 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InputSpecError
+from ..hierarchy.tree import DEFAULT_TORCH_NN_EXCEPTIONS
 
 __all__ = ["ExportConfig", "InputSpec", "load_input_specs", "DEFAULT_TORCH_NN_EXCEPTIONS", "EXPORTERS"]
 
-#: torch.nn classes that stay tag levels although they are plain building blocks (glob patterns).
-DEFAULT_TORCH_NN_EXCEPTIONS: tuple[str, ...] = ("LayerNorm", "Embedding", "BatchNorm*", "GroupNorm", "InstanceNorm*")
 EXPORTERS = ("dynamo", "torchscript")
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
 

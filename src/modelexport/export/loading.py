@@ -97,10 +97,40 @@ def _hf_model_class(config: Any) -> Any:
     return transformers.AutoModel
 
 
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick connection to the hub, so an offline machine fails in seconds, not after retries."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _in_cache(repo_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - an invalid repo id is simply not cached
+        return False
+
+
 def _load_hf(name_or_path: str, local: bool) -> LoadedModel:
     from transformers import AutoConfig
 
-    kwargs = {"local_files_only": True} if local else {}
+    if not local and not _in_cache(name_or_path) and not _hub_reachable():
+        raise ModelNotFoundError(
+            f"{name_or_path!r} is not a local path, not in the Hugging Face cache, and the hub is unreachable (offline)",
+            hint="check the spelling; offline, use a local model folder or pre-download it into the HF cache",
+        )
+    kwargs = {"local_files_only": True} if local or _in_cache(name_or_path) else {}
     try:
         config = AutoConfig.from_pretrained(name_or_path, **kwargs)
     except OSError as exc:

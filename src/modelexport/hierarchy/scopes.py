@@ -69,12 +69,21 @@ def _torchscript_scope(node: Any, paths: set[str]) -> str | None:
     segments = name[1:].split("/")[:-1]  # last segment is the op name
     current = ""
     for seg in segments:
-        candidate = f"{current}.{seg}" if current else seg
-        resolved = _resolve(candidate, paths)
+        resolved = _child(current, seg, paths)
         if resolved is None:
             break
         current = resolved
     return current
+
+
+def _child(current: str, seg: str, paths: set[str]) -> str | None:
+    """A scope segment is relative to its parent scope (``layer.0`` under ``encoder``) or, for
+    children a container calls itself, the child's qualified name (``features.0`` under ``features``)."""
+    for candidate in (f"{current}.{seg}" if current else seg, seg):
+        resolved = _resolve(candidate, paths)
+        if resolved is not None and (not current or resolved.startswith(current + ".")):
+            return resolved
+    return None
 
 
 def module_path_for(exporter: str, node: Any, paths: set[str]) -> str | None:

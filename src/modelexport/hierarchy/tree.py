@@ -13,9 +13,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..export.config import DEFAULT_TORCH_NN_EXCEPTIONS
+__all__ = ["TagRules", "ModuleInfo", "ModuleTree", "DEFAULT_TORCH_NN_EXCEPTIONS"]
 
-__all__ = ["TagRules", "ModuleInfo", "ModuleTree"]
+#: torch.nn classes that stay tag levels although they are plain building blocks (glob patterns).
+DEFAULT_TORCH_NN_EXCEPTIONS: tuple[str, ...] = ("LayerNorm", "Embedding", "BatchNorm*", "GroupNorm", "InstanceNorm*")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,390 @@
+"""Dataset readers, one registry entry per format; ``load_dataset`` picks the first that claims the path.
+
+Formats: CSV/TSV/JSON/JSONL tables (text + label, or image path + label), an image folder with one
+sub-folder per class, ``.npz`` arrays (``x``, ``y``) and built-ins such as ``sklearn:digits``.
+Every error names the file and, for rows, the line and its content.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DatasetError
+from .dataset import Dataset, encode_labels
+
+__all__ = [
+    "load_dataset",
+    "register_reader",
+    "register_builtin",
+    "READERS",
+    "BUILTINS",
+    "ReadOptions",
+    "IMAGE_SUFFIXES",
+]
+
+log = logging.getLogger(__name__)
+
+TEXT_COLUMNS = (
+    "text",
+    "sentence",
+    "review",
+    "content",
+    "document",
+    "utterance",
+    "comment",
+    "question",
+    "input",
+)
+LABEL_COLUMNS = ("label", "labels", "class", "target", "category", "sentiment", "y")
+IMAGE_COLUMNS = ("image", "image_path", "path", "file", "filename", "filepath", "img")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm")
+TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Column names given by the user (``None``: auto-detect)."""
+
+    text_column: str | None = None
+    label_column: str | None = None
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A format: ``matches(spec)`` says whether it reads ``spec``; ``read(spec, options)`` returns the dataset."""
+
+    name: str
+    matches: Callable[[str], bool]
+    read: Callable[[str, ReadOptions], Dataset]
+
+
+#: Format name -> reader, tried in registration order.
+READERS: dict[str, Reader] = {}
+#: ``sklearn:NAME`` style built-in datasets: spec -> loader.
+BUILTINS: dict[str, Callable[[], Dataset]] = {}
+
+
+def register_reader(
+    name: str, matches: Callable[[str], bool]
+) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
+    """Decorator: add a reader for the specs ``matches`` accepts."""
+
+    def deco(fn: Callable[[str, ReadOptions], Dataset]) -> Callable[[str, ReadOptions], Dataset]:
+        READERS[name] = Reader(name, matches, fn)
+        return fn
+
+    return deco
+
+
+def register_builtin(spec: str) -> Callable[[Callable[[], Dataset]], Callable[[], Dataset]]:
+    """Decorator: add a built-in dataset reachable as ``spec`` (e.g. ``sklearn:digits``)."""
+
+    def deco(fn: Callable[[], Dataset]) -> Callable[[], Dataset]:
+        BUILTINS[spec] = fn
+        return fn
+
+    return deco
+
+
+def load_dataset(
+    path_or_spec: str | Path, text_column: str | None = None, label_column: str | None = None
+) -> Dataset:
+    """Read a labelled dataset from a file, folder or built-in spec (see the module docstring for formats)."""
+    spec = str(path_or_spec)
+    options = ReadOptions(text_column, label_column)
+    for reader in READERS.values():
+        if reader.matches(spec):
+            dataset = reader.read(spec, options)
+            log.info("%s: %s", spec, dataset.describe())
+            return dataset
+    if not Path(spec).exists():
+        raise DatasetError(
+            f"dataset not found: {spec}",
+            hint=f"pass an existing file or folder, or one of the built-ins: {', '.join(sorted(BUILTINS))}",
+        )
+    raise DatasetError(
+        f"{spec}: unknown dataset format",
+        hint=f"use a {'/'.join(s.lstrip('.') for s in TABLE_SUFFIXES)} file, .npz (x, y), an image folder "
+        f"(one sub-folder per class) or one of: {', '.join(sorted(BUILTINS))}",
+    )
+
+
+# --- built-ins -------------------------------------------------------------------------------------
+
+
+@register_reader(
+    "builtin", lambda spec: ":" in spec and spec.split(":", 1)[0] in {k.split(":")[0] for k in BUILTINS}
+)
+def _read_builtin(spec: str, options: ReadOptions) -> Dataset:
+    loader = BUILTINS.get(spec)
+    if loader is None:
+        raise DatasetError(f"unknown built-in dataset {spec!r}; available: {', '.join(sorted(BUILTINS))}")
+    return loader()
+
+
+@register_builtin("sklearn:digits")
+def _digits() -> Dataset:
+    """The 1,797 8x8 handwritten digits, as grayscale uint8 images (0..16 scaled to 0..255)."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise DatasetError(
+            "sklearn:digits needs scikit-learn", hint="pip install 'modelexport[train]'"
+        ) from exc
+    digits = load_digits()
+    images = [np.rint(img * (255.0 / 16.0)).astype(np.uint8)[:, :, None] for img in digits.images]
+    names = [str(i) for i in range(10)]
+    info = {"format": "sklearn", "image_size": [8, 8], "channels": 1}
+    return Dataset(
+        "image", [int(y) for y in digits.target], names, images=images, source="sklearn:digits", info=info
+    )
+
+
+# --- .npz ------------------------------------------------------------------------------------------
+
+
+@register_reader("npz", lambda spec: spec.lower().endswith(".npz"))
+def _read_npz(spec: str, options: ReadOptions) -> Dataset:
+    path = _existing_file(spec)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise DatasetError(f"{path}: cannot read as .npz: {exc}") from exc
+    x_key = next((k for k in ("x", "X", "inputs") if k in arrays), None)
+    y_key = next((k for k in ("y", "Y", "labels") if k in arrays), None)
+    if x_key is None or y_key is None:
+        raise DatasetError(f"{path}: needs arrays 'x' and 'y', found {sorted(arrays) or 'none'}")
+    x, y = arrays[x_key], arrays[y_key].reshape(-1)
+    if len(x) == 0:
+        raise DatasetError(f"{path}: is empty (0 examples)")
+    if len(x) != len(y):
+        raise DatasetError(f"{path}: 'x' has {len(x)} rows but 'y' has {len(y)} labels")
+    labels, names = encode_labels(y.tolist(), str(path))
+    if "label_names" in arrays and len(arrays["label_names"]) == len(names):
+        names = [str(n) for n in arrays["label_names"]]
+    info = {"format": "npz", "shape": list(x.shape[1:])}
+    return Dataset("tensor", labels, names, x=x.astype(np.float32), source=str(path), info=info)
+
+
+# --- image folder ----------------------------------------------------------------------------------
+
+
+def _is_image_folder(spec: str) -> bool:
+    path = Path(spec)
+    return path.is_dir()
+
+
+@register_reader("image_folder", _is_image_folder)
+def _read_image_folder(spec: str, options: ReadOptions) -> Dataset:
+    root = Path(spec)
+    files: list[Path] = []
+    raw: list[str] = []
+    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        found = sorted(f for f in sub.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+        if not found:
+            log.warning("%s: no images, class skipped", sub)
+        files.extend(found)
+        raw.extend([sub.name] * len(found))
+    if not files:
+        raise DatasetError(
+            f"{root}: no images found",
+            hint=f"an image folder has one sub-folder per class holding {', '.join(IMAGE_SUFFIXES)} files",
+        )
+    labels, names = encode_labels(raw, str(root))
+    images, info = _load_images(files, [str(f) for f in files])
+    return Dataset(
+        "image", labels, names, images=images, source=str(root), info={"format": "image_folder", **info}
+    )
+
+
+def _load_images(paths: list[Path], where: list[str]) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """Open every image, convert to one mode (L when all are grayscale, else RGB) and one (modal) size."""
+    from PIL import Image, UnidentifiedImageError
+
+    opened = []
+    for path, loc in zip(paths, where, strict=True):
+        try:
+            with Image.open(path) as img:
+                img.load()
+                opened.append(img.copy())
+        except (OSError, UnidentifiedImageError, ValueError) as exc:
+            raise DatasetError(
+                f"{loc}: cannot read image {str(path)!r}: {exc}",
+                hint="remove or replace the unreadable image",
+            ) from exc
+    mode = "L" if all(img.mode in ("L", "1", "I", "I;16", "LA") for img in opened) else "RGB"
+    size = Counter(img.size for img in opened).most_common(1)[0][0]
+    resized = sum(img.size != size for img in opened)
+    if resized:
+        log.warning("%d image(s) resized to the most common size %dx%d", resized, size[0], size[1])
+    images = []
+    for img in opened:
+        img = img.convert(mode)
+        if img.size != size:
+            img = img.resize(size, Image.BILINEAR)
+        arr = np.asarray(img, dtype=np.uint8)
+        images.append(arr[:, :, None] if arr.ndim == 2 else arr)
+    return images, {"image_size": [size[1], size[0]], "channels": 1 if mode == "L" else 3, "resized": resized}
+
+
+# --- tables: CSV / TSV / JSON / JSONL --------------------------------------------------------------
+
+Row = tuple[int, dict[str, Any], str]  # (line number, record, raw text for messages)
+
+
+def _existing_file(spec: str) -> Path:
+    path = Path(spec)
+    if not path.is_file():
+        raise DatasetError(f"dataset not found: {path}", hint="check the --dataset_path")
+    if path.stat().st_size == 0:
+        raise DatasetError(f"{path}: is empty", hint="the file has no header and no rows")
+    return path
+
+
+def _snippet(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _read_delimited(path: Path, delimiter: str) -> tuple[list[str], list[Row]]:
+    rows: list[Row] = []
+    with path.open(newline="", encoding="utf-8-sig") as fh:
+        reader = csv.reader(fh, delimiter=delimiter)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise DatasetError(f"{path}: is empty") from None
+        for row in reader:
+            if not row or all(not c.strip() for c in row):
+                continue
+            raw = delimiter.join(row)
+            if len(row) != len(header):
+                raise DatasetError(
+                    f"{path}, line {reader.line_num}: {len(row)} fields, the header has {len(header)}: {_snippet(raw)}",
+                    hint="quote fields that contain the delimiter",
+                )
+            rows.append((reader.line_num, dict(zip(header, row, strict=True)), raw))
+    return header, rows
+
+
+def _read_json(path: Path) -> tuple[list[str], list[Row]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{path}, line {exc.lineno}: not valid JSON: {exc.msg}") from exc
+    if isinstance(data, dict):
+        data = next((v for k, v in data.items() if k in ("data", "examples", "rows", "records")), data)
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise DatasetError(
+            f'{path}: JSON must be a list of objects (one per example), e.g. [{{"text": ..., "label": ...}}]'
+        )
+    rows = [(i + 1, rec, json.dumps(rec)) for i, rec in enumerate(data)]
+    return _columns(rows), rows
+
+
+def _read_jsonl(path: Path) -> tuple[list[str], list[Row]]:
+    rows: list[Row] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(
+                    f"{path}, line {lineno}: not valid JSON ({exc.msg}): {_snippet(line)}"
+                ) from exc
+            if not isinstance(rec, dict):
+                raise DatasetError(f"{path}, line {lineno}: expected a JSON object: {_snippet(line)}")
+            rows.append((lineno, rec, line))
+    return _columns(rows), rows
+
+
+def _columns(rows: list[Row]) -> list[str]:
+    seen: dict[str, None] = {}
+    for _, rec, _ in rows:
+        seen.update(dict.fromkeys(rec))
+    return list(seen)
+
+
+_TABLE_PARSERS: dict[str, Callable[[Path], tuple[list[str], list[Row]]]] = {
+    ".csv": lambda p: _read_delimited(p, ","),
+    ".tsv": lambda p: _read_delimited(p, "\t"),
+    ".json": _read_json,
+    ".jsonl": _read_jsonl,
+    ".ndjson": _read_jsonl,
+}
+
+
+def _pick_column(
+    header: list[str], given: str | None, candidates: tuple[str, ...], role: str, path: Path
+) -> str | None:
+    if given is not None:
+        if given not in header:
+            raise DatasetError(
+                f"{path}, line 1: no {role} column {given!r}; columns are {header}",
+                hint=f"pass --{role}_column with one of {header}",
+            )
+        return given
+    lower = {h.lower(): h for h in header}
+    return next((lower[c] for c in candidates if c in lower), None)
+
+
+@register_reader("table", lambda spec: Path(spec).suffix.lower() in TABLE_SUFFIXES)
+def _read_table(spec: str, options: ReadOptions) -> Dataset:
+    path = _existing_file(spec)
+    header, rows = _TABLE_PARSERS[path.suffix.lower()](path)
+    if not rows:
+        raise DatasetError(f"{path}: has a header but no rows" if header else f"{path}: is empty")
+    label_col = _pick_column(header, options.label_column, LABEL_COLUMNS, "label", path)
+    if label_col is None:
+        raise DatasetError(
+            f"{path}, line 1: no label column found among {header}",
+            hint=f"name it one of {', '.join(LABEL_COLUMNS)} or pass --label_column",
+        )
+    input_col = _pick_column(header, options.text_column, TEXT_COLUMNS, "text", path)
+    if input_col is None:
+        input_col = _pick_column(header, None, IMAGE_COLUMNS, "image", path)
+    if input_col is None:
+        others = [h for h in header if h != label_col]
+        if len(others) != 1:
+            raise DatasetError(
+                f"{path}, line 1: no text or image column found among {header}",
+                hint=f"name it one of {', '.join(TEXT_COLUMNS + IMAGE_COLUMNS)} or pass --text_column",
+            )
+        input_col = others[0]
+    return _table_dataset(path, rows, input_col, label_col)
+
+
+def _cell(row: Row, column: str, role: str, path: Path) -> str:
+    lineno, rec, raw = row
+    value = rec.get(column)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        where = f"line {lineno}" if path.suffix.lower() != ".json" else f"record {lineno}"
+        raise DatasetError(f"{path}, {where}: empty {role} ({column!r}): {_snippet(raw)}")
+    return str(value)
+
+
+def _table_dataset(path: Path, rows: list[Row], input_col: str, label_col: str) -> Dataset:
+    values = [_cell(r, input_col, "input", path) for r in rows]
+    raw_labels = [_cell(r, label_col, "label", path) for r in rows]
+    labels, names = encode_labels(raw_labels, str(path), [r[0] for r in rows])
+    info: dict[str, Any] = {"format": path.suffix.lower().lstrip("."), "label_column": label_col}
+    if all(v.lower().endswith(IMAGE_SUFFIXES) for v in values):
+        files = [Path(v) if Path(v).is_absolute() else path.parent / v for v in values]
+        where = [f"{path}, line {r[0]}" for r in rows]
+        images, img_info = _load_images(files, where)
+        info.update(image_column=input_col, **img_info)
+        return Dataset("image", labels, names, images=images, source=str(path), info=info)
+    info["text_column"] = input_col
+    return Dataset("text", labels, names, texts=values, source=str(path), info=info)

@@ -1,0 +1,46 @@
+"""Output formats of the inspect commands: one registry of renderers per (command, format).
+
+A renderer turns a result object into text. Adding a format is one decorated function; the CLI's
+``--format`` choices and the ``--output`` extension mapping both come from this registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["renderer", "render", "formats_for", "format_for_path"]
+
+_RENDERERS: dict[tuple[str, str], Callable[[Any], str]] = {}
+_EXTENSIONS = {".json": "json", ".csv": "csv", ".md": "markdown", ".txt": "summary"}
+
+
+def renderer(command: str, fmt: str) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
+    """Register ``fn(result) -> str`` as the ``fmt`` output of ``command``."""
+
+    def register(fn: Callable[[Any], str]) -> Callable[[Any], str]:
+        _RENDERERS[(command, fmt)] = fn
+        return fn
+
+    return register
+
+
+def formats_for(command: str) -> list[str]:
+    return [f for c, f in _RENDERERS if c == command]
+
+
+def render(command: str, fmt: str, result: Any) -> str:
+    fn = _RENDERERS.get((command, fmt))
+    if fn is None:
+        raise ConfigError(f"unknown format {fmt!r} for {command}; valid: {', '.join(formats_for(command))}")
+    return fn(result)
+
+
+def format_for_path(command: str, path: str, default: str) -> str:
+    """The format an output file's extension asks for (``.json`` -> json), if the command has it."""
+    from pathlib import Path
+
+    fmt = _EXTENSIONS.get(Path(path).suffix.lower(), default)
+    return fmt if (command, fmt) in _RENDERERS else default

@@ -1,0 +1,153 @@
+"""A read-only index of a tagged ONNX graph: nodes, tags, tensor edges, initializer sizes, the tag tree.
+
+Every inspect command needs the same lookups (who produces a tensor, who consumes it, which nodes
+belong to a module, how large its weights are). Building them once keeps each command a few linear
+passes, which is what makes ``analyze`` on a 110M-parameter model take well under a second after load.
+Initializer sizes come from dims and dtype, never from the tensor bytes, so nothing large is copied.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from ..errors import ModuleNotInGraphError
+from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, is_within, node_key
+
+__all__ = ["GraphIndex", "InitializerInfo", "resolve_module", "close_matches", "ancestors_of"]
+
+
+@dataclass(frozen=True)
+class InitializerInfo:
+    """Size of one initializer, computed from its dims and element type."""
+
+    name: str
+    dtype: str
+    numel: int
+    nbytes: int
+
+
+def _dtype_info(elem_type: int) -> tuple[str, int]:
+    import numpy as np
+    import onnx
+
+    try:
+        np_dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+        return str(np.dtype(np_dtype)), int(np.dtype(np_dtype).itemsize)
+    except (KeyError, TypeError, ValueError):
+        return onnx.TensorProto.DataType.Name(elem_type).lower(), 1
+
+
+def _initializer_info(init: Any) -> InitializerInfo:
+    numel = 1
+    for d in init.dims:
+        numel *= int(d)
+    dtype, itemsize = _dtype_info(init.data_type)
+    return InitializerInfo(init.name, dtype, numel, numel * itemsize)
+
+
+def ancestors_of(tag: str) -> list[str]:
+    """``/A/B/C`` -> ``['/A', '/A/B', '/A/B/C']``."""
+    parts = tag[1:].split("/")
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+@dataclass
+class GraphIndex:
+    """Node keys, tags and tensor edges of the main graph of a model, in graph (topological) order."""
+
+    keys: list[str]
+    op_types: list[str]
+    domains: list[str]
+    tags: list[str | None]
+    sources: list[str | None]
+    inputs: list[list[str]]
+    outputs: list[list[str]]
+    graph_inputs: list[str]
+    graph_outputs: list[str]
+    initializers: dict[str, InitializerInfo]
+    producer: dict[str, int] = field(default_factory=dict)
+    consumers: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+
+    @classmethod
+    def build(cls, model: Any) -> GraphIndex:
+        """Index ``model.graph`` (one pass over the nodes)."""
+        graph = model.graph
+        inits = {i.name: _initializer_info(i) for i in graph.initializer}
+        index = cls([], [], [], [], [], [], [], [], [o.name for o in graph.output], inits)
+        index.graph_inputs = [i.name for i in graph.input if i.name not in inits]
+        for i, node in enumerate(graph.node):
+            props = {p.key: p.value for p in node.metadata_props}
+            index.keys.append(node_key(node, i))
+            index.op_types.append(node.op_type)
+            index.domains.append(node.domain)
+            index.tags.append(props.get(TAG_KEY) or None)
+            index.sources.append(props.get(TAG_SOURCE_KEY))
+            index.inputs.append([t for t in node.input if t])
+            index.outputs.append([t for t in node.output if t])
+            for t in index.outputs[-1]:
+                index.producer[t] = i
+            for t in index.inputs[-1]:
+                index.consumers[t].append(i)
+        return index
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def tagged_count(self) -> int:
+        return sum(1 for t in self.tags if t)
+
+    @cached_property
+    def node_tags(self) -> set[str]:
+        """Tags that label at least one node."""
+        return {t for t in self.tags if t}
+
+    @cached_property
+    def all_tags(self) -> list[str]:
+        """Node tags plus every ancestor tag (the module tree as seen from the graph), sorted."""
+        return sorted({a for t in self.node_tags for a in ancestors_of(t)})
+
+    def nodes_within(self, tag: str) -> list[int]:
+        """Indices of the nodes tagged ``tag`` or one of its descendants, in graph order."""
+        return [i for i, t in enumerate(self.tags) if t and is_within(t, tag)]
+
+    def initializer_owner(self) -> dict[str, str | None]:
+        """Initializer -> deepest tag containing all its consumers (shared weights go to the common parent)."""
+        users: dict[str, set[str]] = defaultdict(set)
+        for name in self.initializers:
+            for i in self.consumers.get(name, []):
+                if self.tags[i]:
+                    users[name].add(self.tags[i])
+        return {name: common_ancestor(users.get(name, set())) for name in self.initializers}
+
+
+def close_matches(query: str, candidates: list[str], n: int = 5) -> list[str]:
+    """Candidates that look like ``query`` (difflib ratio, then substring hits)."""
+    found = difflib.get_close_matches(query, candidates, n=n, cutoff=0.6)
+    lowered = query.lower().strip("/")
+    found += [c for c in candidates if lowered and lowered in c.lower() and c not in found]
+    return found[:n]
+
+
+def resolve_module(query: str, index: GraphIndex, sidecar: dict[str, Any] | None = None) -> str:
+    """Turn a tag (``/Bert/Layer.0``), a tag without its slash, or a module path (``encoder.layer.0``) into a tag.
+
+    Raises :class:`ModuleNotInGraphError` listing close matches when nothing fits.
+    """
+    tags = index.all_tags
+    known = set(tags)
+    path_to_tag = {p: t for t, p in (sidecar or {}).get("tags", {}).items()}
+    for candidate in (query, "/" + query.lstrip("/")):
+        if candidate in known:
+            return candidate
+    if query in path_to_tag and path_to_tag[query] in known:
+        return path_to_tag[query]
+    suggestions = close_matches(query, tags + [p for p in path_to_tag if p])
+    msg = f"module {query!r} is not in the model ({len(tags)} module tags)"
+    if suggestions:
+        msg += "; close matches: " + ", ".join(suggestions)
+    raise ModuleNotInGraphError(msg)

@@ -1,0 +1,85 @@
+"""Inputs for running a model under inspection: generated from its input signature, or read from ``.npz``.
+
+Generated inputs follow the export's input specs when the sidecar has them (shape and value range
+of each input), else the graph's declared shapes with dynamic dimensions set to small sizes and
+integer inputs drawn from a safe range, so that ids stay inside any vocabulary.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputSpecError
+
+__all__ = ["generate_inputs", "load_npz_inputs", "DYNAMIC_BATCH", "DYNAMIC_DIM", "INT_RANGE"]
+
+DYNAMIC_BATCH = 1
+DYNAMIC_DIM = 16
+INT_RANGE = (0, 100)
+
+_ORT_TYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool", "tensor(int16)": "int16",
+}
+
+
+def _specs(sidecar: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    specs = ((sidecar or {}).get("export") or {}).get("input_specs") or []
+    return {s["name"]: s for s in specs if isinstance(s, dict) and "name" in s}
+
+
+def _shape(declared: list[Any], spec: dict[str, Any] | None) -> list[int]:
+    if spec and len(spec.get("shape", [])) == len(declared):
+        return [int(d) for d in spec["shape"]]
+    return [d if isinstance(d, int) and d > 0 else (DYNAMIC_BATCH if k == 0 else DYNAMIC_DIM) for k, d in enumerate(declared)]
+
+
+def _values(rng: Any, shape: list[int], dtype: str, spec: dict[str, Any] | None) -> Any:
+    import numpy as np
+
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        lo, hi = (spec or {}).get("range") or INT_RANGE
+        return rng.integers(int(lo), max(int(hi), int(lo) + 1), size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def generate_inputs(session: Any, sidecar: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
+    """One input per session input, shaped by the sidecar's specs or the declared shape."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    specs = _specs(sidecar)
+    out = {}
+    for arg in session.get_inputs():
+        dtype = _ORT_TYPES.get(arg.type)
+        if dtype is None:
+            raise InputSpecError(f"cannot generate input {arg.name!r} of type {arg.type}", hint="pass --inputs FILE.npz")
+        spec = specs.get(arg.name)
+        out[arg.name] = _values(rng, _shape(list(arg.shape), spec), dtype, spec)
+    return out
+
+
+def load_npz_inputs(path: str | os.PathLike[str], session: Any | None = None) -> dict[str, Any]:
+    """Arrays from an ``.npz`` keyed by input name; checks that every session input is there."""
+    import numpy as np
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputSpecError(f"inputs file not found: {path}", hint="pass an .npz made with numpy.savez(path, name=array, ...)")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as exc:
+        raise InputSpecError(f"{path} is not a readable .npz file: {exc}") from exc
+    if session is not None:
+        wanted = [a.name for a in session.get_inputs()]
+        missing = [n for n in wanted if n not in arrays]
+        if missing:
+            raise InputSpecError(f"{path} lacks inputs {missing}; the model takes {wanted}, the file has {sorted(arrays)}")
+        arrays = {n: arrays[n] for n in wanted}
+    return arrays

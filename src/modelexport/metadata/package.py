@@ -1,0 +1,89 @@
+"""The Optimum-compatible output folder: config.json, the source's processor files, export_metadata.json.
+
+File names that come from configs (a tokenizer's vocab files) are checked before copying: only
+plain names inside the source folder, never absolute paths or ``..``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Any
+
+from .._io import write_json
+from ..errors import MetadataError
+from .build import PROCESSOR_FILES
+
+__all__ = ["EXPORT_METADATA_FILE", "safe_join", "write_package_files", "processor_file_names"]
+
+EXPORT_METADATA_FILE = "export_metadata.json"
+
+
+def safe_join(base: Path, name: str) -> Path:
+    """``base / name`` for a relative name that stays inside ``base``; MetadataError otherwise."""
+    text = str(name)
+    parts = PurePosixPath(text.replace("\\", "/")).parts
+    if (
+        not text
+        or PurePosixPath(text).is_absolute()
+        or PureWindowsPath(text).is_absolute()
+        or PureWindowsPath(text).drive
+        or ".." in parts
+    ):
+        raise MetadataError(f"refusing file name {name!r} from a config: it leaves the model folder")
+    joined = base / Path(*parts)
+    if not joined.absolute().as_posix().startswith(base.absolute().as_posix().rstrip("/") + "/"):
+        raise MetadataError(f"refusing file name {name!r} from a config: it leaves the model folder")
+    return joined
+
+
+def processor_file_names(tokenizer: Any) -> list[str]:
+    """Processor files a model folder may hold: transformers' fixed names plus the tokenizer's vocab files."""
+    names = list(PROCESSOR_FILES)
+    for value in (getattr(tokenizer, "vocab_files_names", None) or {}).values():
+        if value not in names:
+            names.append(value)
+    return names
+
+
+def _copy_processor_files(ctx: Any) -> list[str]:
+    src = ctx.loaded.model_dir
+    copied: list[str] = []
+    if src is None:
+        if ctx.tokenizer is not None:
+            copied = [Path(f).name for f in ctx.tokenizer.save_pretrained(str(ctx.staging_dir))]
+        return copied
+    for name in processor_file_names(ctx.tokenizer):
+        source = safe_join(Path(src), name)
+        if source.is_file():
+            target = safe_join(ctx.staging_dir, name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            copied.append(name)
+    return copied
+
+
+def write_package_files(ctx: Any) -> list[str]:
+    """Write the package files into ``ctx.staging_dir`` and record them in ``ctx.files``."""
+    written: list[str] = []
+    config = ctx.loaded.hf_config
+    if config is not None:
+        config.to_json_file(str(ctx.staging_dir / "config.json"), use_diff=True)
+        written.append("config.json")
+        ctx.files["config"] = "config.json"
+    elif ctx.loaded.source == "huggingface":
+        raise MetadataError(f"{ctx.loaded.name_or_path}: transformers model without a config; cannot write config.json")
+    else:
+        ctx.notes.append(
+            "plain torch model: no config.json written, so Optimum cannot load this folder; "
+            "modelexport.pipeline can (task, labels and pre-processing come from the embedded metadata)"
+        )
+    for name in _copy_processor_files(ctx):
+        written.append(name)
+        ctx.files[f"processor:{name}"] = name
+    if "metadata" in ctx.extra:
+        doc = {"metadata": ctx.extra["metadata"], "stats": ctx.extra.get("metadata_stats"), "files": sorted(written)}
+        write_json(ctx.staging_dir / EXPORT_METADATA_FILE, doc)
+        written.append(EXPORT_METADATA_FILE)
+        ctx.files["export_metadata"] = EXPORT_METADATA_FILE
+    return written

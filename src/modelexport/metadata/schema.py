@@ -1,0 +1,143 @@
+"""Metadata schema 2.0: key names, value encoding (JSON, gzip over 10 KB) and the checksum.
+
+Every value modelexport writes is listed in an encoding manifest (``modelexport.metadata_encoding``),
+so a reader knows how to decode it, and a SHA-256 over the manifest and the listed values
+(``modelexport.metadata_checksum``) makes a tampered or truncated value an error, not a wrong pipeline.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+from typing import Any
+
+from ..errors import MetadataError, MetadataIntegrityError
+
+__all__ = [
+    "METADATA_VERSION",
+    "COMPRESS_THRESHOLD",
+    "KEY_VERSION",
+    "KEY_MODEL_CONFIG",
+    "KEY_PROCESSOR_CONFIG",
+    "KEY_TASK",
+    "KEY_TIMESTAMP",
+    "KEY_EXPORTER_VERSION",
+    "KEY_EXPORT_CONFIG",
+    "KEY_INPUTS",
+    "KEY_OUTPUTS",
+    "KEY_QUANTIZATION",
+    "KEY_TEST_TIME_POLICY",
+    "KEY_ENCODING",
+    "KEY_CHECKSUM",
+    "encode_entries",
+    "decode_entries",
+]
+
+METADATA_VERSION = "2.0"
+#: Encoded values larger than this (bytes) are gzip-compressed.
+COMPRESS_THRESHOLD = 10 * 1024
+_GZIP_PREFIX = "gzip+base64:"
+
+KEY_VERSION = "hf_metadata_version"
+KEY_MODEL_CONFIG = "hf_model_config"
+KEY_PROCESSOR_CONFIG = "hf_processor_config"
+KEY_TASK = "hf_pipeline_task"
+KEY_TIMESTAMP = "hf_export_timestamp"
+KEY_EXPORTER_VERSION = "modelexport.version"
+KEY_EXPORT_CONFIG = "modelexport.export_config"
+KEY_INPUTS = "modelexport.inputs"
+KEY_OUTPUTS = "modelexport.outputs"
+KEY_QUANTIZATION = "modelexport.quantization"
+KEY_TEST_TIME_POLICY = "modelexport.test_time_policy"
+KEY_ENCODING = "modelexport.metadata_encoding"
+KEY_CHECKSUM = "modelexport.metadata_checksum"
+_RESERVED = (KEY_ENCODING, KEY_CHECKSUM)
+
+
+def _encode_value(value: Any) -> tuple[str, str]:
+    """(stored string, encoding): plain strings stay readable, everything else is JSON; big values gzip."""
+    if isinstance(value, str):
+        text, kind = value, "text"
+    else:
+        try:
+            text, kind = json.dumps(value, sort_keys=True, separators=(",", ":")), "json"
+        except (TypeError, ValueError) as exc:
+            raise MetadataError(f"metadata value of type {type(value).__name__} is not JSON-serialisable: {exc}") from exc
+    if len(text.encode("utf-8")) > COMPRESS_THRESHOLD:
+        packed = base64.b64encode(gzip.compress(text.encode("utf-8"), mtime=0)).decode("ascii")
+        return _GZIP_PREFIX + packed, f"gzip+{kind}"
+    return text, kind
+
+
+def _checksum(stored: dict[str, str]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(stored):
+        digest.update(key.encode("utf-8") + b"\0" + stored[key].encode("utf-8") + b"\0")
+    return "sha256:" + digest.hexdigest()
+
+
+def encode_entries(values: dict[str, Any], foreign: dict[str, str] | None = None) -> dict[str, str]:
+    """Stored ``metadata_props`` for decoded ``values``, with the manifest and checksum added.
+
+    ``foreign`` are raw entries written by other tools: kept as they are, outside the checksum.
+    """
+    stored: dict[str, str] = {}
+    encoding: dict[str, str] = {}
+    for key, value in values.items():
+        if key in _RESERVED:
+            continue
+        if not isinstance(key, str) or not key:
+            raise MetadataError(f"metadata keys must be non-empty strings, got {key!r}")
+        stored[key], encoding[key] = _encode_value(value)
+    stored[KEY_ENCODING] = json.dumps(encoding, sort_keys=True, separators=(",", ":"))
+    stored[KEY_CHECKSUM] = _checksum(stored)
+    return {**(foreign or {}), **stored}
+
+
+def _decode_value(key: str, raw: str, kind: str) -> Any:
+    text = raw
+    if kind.startswith("gzip+"):
+        if not raw.startswith(_GZIP_PREFIX):
+            raise MetadataIntegrityError(f"metadata value {key!r} is marked compressed but is not")
+        try:
+            text = gzip.decompress(base64.b64decode(raw[len(_GZIP_PREFIX) :], validate=True)).decode("utf-8")
+        except (ValueError, OSError, EOFError) as exc:
+            raise MetadataIntegrityError(f"compressed metadata value {key!r} is corrupted: {exc}") from exc
+        kind = kind[len("gzip+") :]
+    if kind == "text":
+        return text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise MetadataIntegrityError(f"metadata value {key!r} is not valid JSON ({exc.msg}); it was truncated or edited") from exc
+
+
+def decode_entries(stored: dict[str, str], *, verify: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
+    """(decoded modelexport values, foreign raw entries). Raises MetadataIntegrityError on a bad checksum."""
+    if KEY_ENCODING not in stored:
+        return {}, dict(stored)
+    try:
+        encoding = json.loads(stored[KEY_ENCODING])
+    except json.JSONDecodeError as exc:
+        raise MetadataIntegrityError(f"the metadata manifest {KEY_ENCODING!r} is corrupted: {exc.msg}") from exc
+    if not isinstance(encoding, dict):
+        raise MetadataIntegrityError(f"the metadata manifest {KEY_ENCODING!r} is not a JSON object")
+    missing = [k for k in encoding if k not in stored]
+    if missing:
+        raise MetadataIntegrityError(f"metadata entries listed in the manifest are missing: {missing}")
+    covered = {k: stored[k] for k in (*encoding, KEY_ENCODING)}
+    if verify:
+        expected = stored.get(KEY_CHECKSUM)
+        if expected is None:
+            raise MetadataIntegrityError(f"metadata has a manifest but no {KEY_CHECKSUM!r}")
+        actual = _checksum(covered)
+        if actual != expected:
+            raise MetadataIntegrityError(
+                f"metadata checksum mismatch (stored {expected[:19]}..., computed {actual[:19]}...): "
+                "a value was modified or truncated outside modelexport"
+            )
+    values = {k: _decode_value(k, stored[k], str(kind)) for k, kind in encoding.items()}
+    foreign = {k: v for k, v in stored.items() if k not in covered and k != KEY_CHECKSUM}
+    return values, foreign

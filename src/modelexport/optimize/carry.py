@@ -1,0 +1,107 @@
+"""Carry what a transform drops: model-level metadata and the ``*_hierarchy.json`` sidecar.
+
+ONNX Runtime's quantizers and optimizer write a new ModelProto without the input's
+``metadata_props``; users then lose the task, labels and processor settings. These passes copy
+them over, record the transform (``modelexport.quantization`` / ``modelexport.optimization``) and
+write a sidecar beside the output whose node map describes the new graph.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .._io import write_json
+from .._version import __version__
+from ..hierarchy.tagger import tensor_tags
+from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key
+
+__all__ = ["carry_metadata", "sidecar_path", "read_sidecar", "remap_sidecar", "write_sidecar"]
+
+
+def _set_props(model: Any, updates: dict[str, str]) -> None:
+    for prop in model.metadata_props:
+        if prop.key in updates:
+            prop.value = updates.pop(prop.key)
+    for key, value in updates.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+
+
+def carry_metadata(before: Any, after: Any, record_key: str, record: dict[str, Any]) -> list[str]:
+    """Copy ``before``'s model-level metadata onto ``after`` and add ``record_key`` (JSON).
+
+    Uses ``modelexport.metadata.update_metadata`` when that module is installed (it keeps the
+    checksum valid), else sets the props directly. Returns the keys written.
+    """
+    carried = {p.key: p.value for p in before.metadata_props}
+    for attr in ("producer_name", "producer_version", "doc_string", "model_version"):
+        if not getattr(after, attr, None) and getattr(before, attr, None):
+            setattr(after, attr, getattr(before, attr))
+    after.ClearField("metadata_props")
+    _set_props(after, dict(carried))
+    value = json.dumps(record, sort_keys=True, default=str)
+    try:
+        from ..metadata import update_metadata  # type: ignore[attr-defined]
+    except ImportError:
+        _set_props(after, {record_key: value})
+    else:
+        update_metadata(after, {record_key: value})
+    return [*carried, record_key]
+
+
+def sidecar_path(onnx_path: str | Path) -> Path:
+    """``dir/model.onnx`` -> ``dir/model_hierarchy.json`` (the exporter's naming)."""
+    p = Path(onnx_path)
+    return p.with_name(f"{p.stem}_hierarchy.json")
+
+
+def read_sidecar(onnx_path: str | Path) -> dict[str, Any] | None:
+    """The sidecar beside ``onnx_path``, or None when there is none (or it is unreadable)."""
+    path = sidecar_path(onnx_path)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def remap_sidecar(sidecar: dict[str, Any], model: Any, transform: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``sidecar`` whose nodes, tensors and coverage describe ``model`` (already re-tagged)."""
+    tag_to_path = sidecar.get("tags", {})
+    nodes: dict[str, Any] = {}
+    for i, node in enumerate(model.graph.node):
+        props = {p.key: p.value for p in node.metadata_props}
+        tag = props.get(TAG_KEY)
+        nodes[node_key(node, i)] = {
+            "tag": tag,
+            "source": props.get(TAG_SOURCE_KEY),
+            "op_type": node.op_type,
+            "module": tag_to_path.get(tag) if tag else None,
+        }
+    sources: dict[str, int] = {}
+    for entry in nodes.values():
+        sources[entry["source"] or "none"] = sources.get(entry["source"] or "none", 0) + 1
+    tagged = sum(1 for e in nodes.values() if e["tag"])
+    out = dict(sidecar)
+    out["generator"] = f"modelexport {__version__}"
+    out["nodes"] = nodes
+    out["tensors"] = tensor_tags(model)
+    out["coverage"] = {
+        "total_nodes": len(nodes),
+        "tagged_nodes": tagged,
+        "coverage_pct": round(100.0 * tagged / len(nodes), 3) if nodes else 100.0,
+        "by_source": sources,
+        "unique_tags": len({e["tag"] for e in nodes.values() if e["tag"]}),
+    }
+    out["transforms"] = [*sidecar.get("transforms", []), transform]
+    return out
+
+
+def write_sidecar(sidecar: dict[str, Any] | None, model: Any, onnx_path: str | Path, transform: dict[str, Any]) -> Path | None:
+    """Write the re-mapped sidecar beside ``onnx_path``; nothing when the input had none."""
+    if sidecar is None:
+        return None
+    return write_json(sidecar_path(onnx_path), remap_sidecar(sidecar, model, transform))

@@ -1,0 +1,198 @@
+"""Graph optimization that keeps hierarchy tags: ORT offline levels, transformer fusion, fp16, simplify.
+
+Every pass in ``GRAPH_PASSES`` takes a tagged ModelProto and returns a new one plus statistics.
+ONNX Runtime's offline optimizer and its transformer fusions drop node ``metadata_props`` (and the
+fp16 converter and onnxslim insert or rebuild nodes), so after each pass :func:`retag` matches the
+new graph against the previous one by node names and tensor edges: fused nodes get the deepest
+common ancestor of the tags of the nodes they replaced, coverage stays 100%.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import OnnxFileError, OptimizationError
+from ..runtime.session import create_session
+from .carry import carry_metadata, read_sidecar, write_sidecar
+from .config import OptimizeConfig
+from .quantize import load_onnx, save_onnx
+from .retag import retag, tag_coverage
+
+__all__ = ["GRAPH_PASSES", "OptimizeResult", "PassRecord", "register_pass", "optimize_model", "optimize_proto", "hf_dims"]
+
+log = logging.getLogger(__name__)
+RECORD_KEY = "modelexport.optimization"
+
+PassFn = Callable[[Any, OptimizeConfig, Path], "tuple[Any, dict[str, Any]]"]
+#: name -> (applies to this config?, pass). Run in registration order.
+GRAPH_PASSES: dict[str, tuple[Callable[[OptimizeConfig], bool], PassFn]] = {}
+
+
+def register_pass(name: str, applies: Callable[[OptimizeConfig], bool]) -> Callable[[PassFn], PassFn]:
+    def deco(fn: PassFn) -> PassFn:
+        GRAPH_PASSES[name] = (applies, fn)
+        return fn
+
+    return deco
+
+
+@register_pass("ort", lambda c: c.level != "none")
+def ort_offline(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """ONNX Runtime's graph optimizer at ``cfg.level``, saved to a file (``optimized_model_filepath``)."""
+    src, out = save_onnx(model, tmp / "ort_in.onnx"), tmp / "ort_out.onnx"
+    create_session(src, graph_optimization_level=cfg.level, optimized_model_filepath=str(out))
+    stats = {"level": cfg.level}
+    if cfg.level == "all":
+        stats["note"] = "level 'all' may add layout changes specific to this CPU; prefer 'extended' for portable files"
+    return load_onnx(out), stats
+
+
+def hf_dims(model: Any) -> tuple[int, int]:
+    """(num_heads, hidden_size) from a Hugging Face config embedded in the metadata; (0, 0) when absent."""
+    for prop in model.metadata_props:
+        if "config" not in prop.key:
+            continue
+        try:
+            data = json.loads(prop.value)
+        except ValueError:
+            continue
+        if isinstance(data, dict):
+            data = data.get("hf_model_config", data)
+            heads = data.get("num_attention_heads") or data.get("n_head") or 0
+            hidden = data.get("hidden_size") or data.get("n_embd") or data.get("d_model") or 0
+            if heads and hidden:
+                return int(heads), int(hidden)
+    return 0, 0
+
+
+@register_pass("transformer_fusion", lambda c: c.transformer_fusion)
+def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """Attention / LayerNorm / GELU fusions of ``onnxruntime.transformers.optimizer``."""
+    from onnxruntime.transformers import optimizer
+
+    heads, hidden = hf_dims(model)
+    heads, hidden = cfg.num_heads or heads, cfg.hidden_size or hidden
+    src = save_onnx(model, tmp / "tf_in.onnx")
+    opt = optimizer.optimize_model(str(src), model_type=cfg.model_type, num_heads=heads, hidden_size=hidden, opt_level=0)
+    fused = {k: v for k, v in (opt.get_fused_operator_statistics() or {}).items() if v}
+    return opt.model, {"num_heads": heads, "hidden_size": hidden, "fused": fused}
+
+
+@register_pass("fp16", lambda c: c.fp16)
+def to_fp16(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """float16 weights and compute, float32 inputs/outputs kept (Cast nodes at the edges)."""
+    import onnxruntime as ort
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    stats: dict[str, Any] = {"keep_io_types": True}
+    if ort.get_device() == "CPU":
+        stats["warning"] = "float16 runs slower than float32 on CPU; use it for GPU deployment"
+        log.warning(stats["warning"])
+    return convert_float_to_float16(model, keep_io_types=True), stats
+
+
+@register_pass("simplify", lambda c: c.simplify)
+def simplify(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """onnxslim: constant folding, dead-code and redundant-op removal."""
+    try:
+        import onnxslim
+    except ImportError as exc:
+        raise OptimizationError("--simplify needs onnxslim", hint="pip install 'modelexport[optimize]'") from exc
+    return onnxslim.slim(model), {"tool": f"onnxslim {getattr(onnxslim, '__version__', '')}".strip()}
+
+
+@dataclass
+class PassRecord:
+    name: str
+    nodes_before: int
+    nodes_after: int
+    seconds: float
+    stats: dict[str, Any]
+    retag: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class OptimizeResult:
+    input_path: Path | None
+    output_path: Path | None
+    config: OptimizeConfig
+    passes: list[PassRecord]
+    op_changes: dict[str, int]
+    coverage: dict[str, Any]
+    size_before: int = 0
+    size_after: int = 0
+    sidecar_path: Path | None = None
+    metadata_keys: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input": str(self.input_path) if self.input_path else None,
+            "output": str(self.output_path) if self.output_path else None,
+            "settings": self.config.record(),
+            "passes": [p.to_dict() for p in self.passes],
+            "op_changes": self.op_changes,
+            "coverage": self.coverage,
+            "size_before": self.size_before,
+            "size_after": self.size_after,
+            "sidecar": str(self.sidecar_path) if self.sidecar_path else None,
+            "metadata_keys": self.metadata_keys,
+        }
+
+
+def _ops(model: Any) -> Counter[str]:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def optimize_proto(model: Any, cfg: OptimizeConfig) -> tuple[Any, list[PassRecord]]:
+    """Run the applicable passes in order, re-tagging after each; the input proto is not changed."""
+    records: list[PassRecord] = []
+    current = model
+    with tempfile.TemporaryDirectory(prefix="modelexport-opt-") as tmp:
+        for name, (applies, fn) in GRAPH_PASSES.items():
+            if not applies(cfg):
+                continue
+            start = time.perf_counter()
+            try:
+                new, stats = fn(current, cfg, Path(tmp))
+            except (OptimizationError, OnnxFileError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - ORT/onnxslim raise many types; name the pass
+                raise OptimizationError(f"graph pass {name!r} failed: {type(exc).__name__}: {exc}") from exc
+            result = retag(current, new)
+            records.append(PassRecord(name, len(current.graph.node), len(new.graph.node),
+                                      round(time.perf_counter() - start, 3), stats, result.to_dict()))
+            current = new
+    return current, records
+
+
+def optimize_model(model_path: str | Path, output_path: str | Path, config: OptimizeConfig | None = None, **options: Any) -> OptimizeResult:
+    """Optimize ``model_path`` into ``output_path`` (atomic); tags, metadata and sidecar carried over.
+
+    ``options`` are :class:`OptimizeConfig` fields.
+    """
+    cfg = OptimizeConfig(**{**(config.__dict__ if config else {}), **options})
+    src, dst = Path(model_path), Path(output_path)
+    if src.resolve() == dst.resolve():
+        from ..errors import ConfigError
+
+        raise ConfigError(f"output {dst} would overwrite the input model", hint="choose another -o path")
+    model = load_onnx(src)
+    optimized, records = optimize_proto(model, cfg)
+    keys = carry_metadata(model, optimized, RECORD_KEY, {**cfg.record(), "passes": [r.name for r in records]})
+    save_onnx(optimized, dst)
+    sidecar = write_sidecar(read_sidecar(src), optimized, dst, {"kind": "optimize", **cfg.record()})
+    before, after = _ops(model), _ops(optimized)
+    changes = {op: after[op] - before[op] for op in sorted(set(before) | set(after)) if after[op] != before[op]}
+    return OptimizeResult(src, dst, cfg, records, changes, tag_coverage(optimized), src.stat().st_size,
+                          dst.stat().st_size, sidecar, keys)

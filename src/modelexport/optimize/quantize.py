@@ -1,0 +1,328 @@
+"""int8 quantization with ONNX Runtime that keeps hierarchy tags, metadata and the sidecar.
+
+The flow is a chain of passes, each re-tagged from the one before so coverage stays 100%:
+``quant_pre_process`` -> module exclusion (tags -> node names) -> a quantization mode from
+``QUANT_MODES`` (``quantize_dynamic`` or ``quantize_static`` in QDQ format) -> :func:`retag` ->
+metadata and sidecar carried over. The output is written atomically.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._io import atomic_path
+from ..errors import ConfigError, OnnxFileError, OptimizationError
+from ..hierarchy.tags import TAG_KEY
+from .calibration import SampleSet, load_samples
+from .carry import carry_metadata, read_sidecar, write_sidecar
+from .config import QuantizeConfig
+from .retag import retag, tag_coverage
+
+__all__ = [
+    "QUANT_MODES",
+    "QUANT_OPS",
+    "QuantizeResult",
+    "register_mode",
+    "quantize",
+    "quantize_proto",
+    "preprocess",
+    "excluded_nodes",
+    "quantized_per_module",
+    "load_onnx",
+    "save_onnx",
+]
+
+log = logging.getLogger(__name__)
+RECORD_KEY = "modelexport.quantization"
+#: Op types that run in integer arithmetic (dynamic and operator-oriented formats).
+QUANT_OPS = {"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QAttention", "QGemm", "QLinearMatMul",
+             "QLinearConv", "QLinearAdd", "QLinearMul", "DynamicQuantizeLSTM", "QEmbedLayerNormalization"}
+#: Nodes a quantizer inserts (they carry scale/zero-point plumbing, not model compute).
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+
+ModeFn = Callable[[Path, Path, QuantizeConfig, list[str], "SampleSet | None"], None]
+QUANT_MODES: dict[str, ModeFn] = {}
+
+
+def register_mode(name: str) -> Callable[[ModeFn], ModeFn]:
+    """Add a quantization mode: ``fn(in_path, out_path, config, nodes_to_exclude, samples)`` (files: ORT's
+    quantizers mishandle in-memory protos with large initializers)."""
+
+    def deco(fn: ModeFn) -> ModeFn:
+        QUANT_MODES[name] = fn
+        return fn
+
+    return deco
+
+
+def _qtype(name: str) -> Any:
+    from onnxruntime.quantization import QuantType
+
+    return {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}[name]
+
+
+@register_mode("dynamic")
+def _dynamic(model: Path, out: Path, cfg: QuantizeConfig, exclude: list[str], samples: SampleSet | None) -> None:
+    """Weights int8 offline, activations quantized at run time (no calibration)."""
+    from onnxruntime.quantization import quantize_dynamic
+
+    quantize_dynamic(model, out, op_types_to_quantize=list(cfg.op_types) or None, per_channel=cfg.per_channel,
+                     reduce_range=cfg.reduce_range, weight_type=_qtype(cfg.weight_type), nodes_to_exclude=exclude or None)
+
+
+class _Reader:
+    """``CalibrationDataReader`` over batch-1 feeds, with a progress bar."""
+
+    def __init__(self, samples: SampleSet, progress: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self._iter = iter(samples.feeds)
+        self._bar = tqdm(total=len(samples), desc="calibrating", unit="sample", disable=not progress, leave=False)
+
+    def get_next(self) -> dict[str, Any] | None:
+        feed = next(self._iter, None)
+        if feed is None:
+            self._bar.close()
+        else:
+            self._bar.update(1)
+        return feed
+
+    def rewind(self) -> None:  # pragma: no cover - ORT calls it only for multi-pass calibrators
+        pass
+
+
+@register_mode("static")
+def _static(model: Path, out: Path, cfg: QuantizeConfig, exclude: list[str], samples: SampleSet | None) -> None:
+    """Weights and activations int8 (QDQ format), ranges calibrated on real samples."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
+
+    if samples is None or not len(samples):
+        raise ConfigError("static quantization needs calibration data", hint="pass --calibration-data PATH (text CSV/JSON, image folder or .npz)")
+    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+              "percentile": CalibrationMethod.Percentile}[cfg.calibrate_method]
+    reader = type("Reader", (_Reader, CalibrationDataReader), {})(samples, cfg.progress)
+    quantize_static(model, out, reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=list(cfg.op_types) or None,
+                    per_channel=cfg.per_channel, reduce_range=cfg.reduce_range, activation_type=_qtype(cfg.activation_type),
+                    weight_type=_qtype(cfg.weight_type), nodes_to_exclude=exclude or None, calibrate_method=method)
+
+
+def load_onnx(path: str | Path) -> Any:
+    """Load an ONNX file or raise :class:`OnnxFileError` with what went wrong."""
+    import onnx
+
+    p = Path(path)
+    if not p.is_file():
+        raise OnnxFileError(f"ONNX model not found: {p}")
+    try:
+        return onnx.load(str(p))
+    except Exception as exc:  # noqa: BLE001 - protobuf raises several types for a corrupted file
+        raise OnnxFileError(f"{p} is not a readable ONNX model: {exc}") from exc
+
+
+def save_onnx(model: Any, path: str | Path) -> Path:
+    """Write ``model`` atomically (external data above protobuf's 2 GB limit)."""
+    import onnx
+
+    path = Path(path)
+    large = model.ByteSize() > 1_800_000_000
+    with atomic_path(path) as tmp:
+        onnx.save_model(model, str(tmp), save_as_external_data=large, location=f"{path.name}.data" if large else None)
+    return path
+
+
+def preprocess(model: Any, notes: list[str]) -> Any:
+    """``quant_pre_process`` (shape inference + ORT basic optimization), re-tagged.
+
+    Symbolic shape inference fails on many dynamo graphs; then it is retried without it and the
+    fallback is noted. A failure of both leaves the model as it was (noted, never silent).
+    """
+    from onnxruntime.quantization import quant_pre_process
+
+    attempts = ({}, {"skip_symbolic_shape": True})
+    with tempfile.TemporaryDirectory(prefix="modelexport-pre-") as tmp:
+        src, out = save_onnx(model, Path(tmp) / "in.onnx"), Path(tmp) / "pre.onnx"
+        for kwargs in attempts:
+            try:
+                quant_pre_process(str(src), str(out), **kwargs)
+            except Exception as exc:  # noqa: BLE001 - recorded, next attempt tried
+                what = "without symbolic shape inference" if kwargs else "with symbolic shape inference"
+                notes.append(f"quant_pre_process {what} failed ({str(exc).splitlines()[0][:100]})")
+                continue
+            pre = load_onnx(out)
+            retag(model, pre)
+            return pre
+    return model
+
+
+def excluded_nodes(model: Any, patterns: tuple[str, ...]) -> list[str]:
+    """Names of nodes whose tag matches a glob in ``patterns`` (a module and everything below it).
+
+    A pattern that matches no node is an error that lists some of the model's modules.
+    """
+    chosen: list[str] = []
+    tags = [({p.key: p.value for p in n.metadata_props}.get(TAG_KEY) or "", n.name) for n in model.graph.node]
+    for pattern in patterns:
+        hits = [name for tag, name in tags if tag and (fnmatch.fnmatchcase(tag, pattern) or fnmatch.fnmatchcase(tag, pattern + "/*"))]
+        if not hits:
+            known = sorted({t for t, _ in tags if t}, key=len)[:8]
+            raise ConfigError(f"--exclude-modules {pattern!r} matches no module; modules look like: {', '.join(known)}",
+                              hint="patterns are globs on hierarchy tags, e.g. '*/BertEmbeddings*' or '*LayerNorm*'")
+        chosen.extend(h for h in hits if h and h not in chosen)
+    return chosen
+
+
+def _module_of(tag: str, depth: int) -> str:
+    return "/" + "/".join(tag[1:].split("/")[:depth]) if tag else "(untagged)"
+
+
+def quantized_per_module(model: Any, depth: int = 3) -> dict[str, int]:
+    """Nodes that run quantized, per module (tag cut at ``depth`` segments).
+
+    A node counts when its op is an integer op, or (QDQ format) when a DequantizeLinear feeds it.
+    """
+    dq_out = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    counts: Counter[str] = Counter()
+    for n in model.graph.node:
+        if n.op_type in QUANT_OPS or (n.op_type not in QDQ_OPS and any(i in dq_out for i in n.input)):
+            tag = {p.key: p.value for p in n.metadata_props}.get(TAG_KEY, "")
+            counts[_module_of(tag, depth)] += 1
+    return dict(sorted(counts.items()))
+
+
+@dataclass
+class QuantizeResult:
+    """What ``quantize`` wrote and what changed."""
+
+    input_path: Path | None
+    output_path: Path | None
+    config: QuantizeConfig
+    size_before: int
+    size_after: int
+    nodes_before: int
+    nodes_after: int
+    excluded_nodes: list[str]
+    quantized_per_module: dict[str, int]
+    coverage: dict[str, Any]
+    retag: dict[str, Any]
+    metadata_keys: list[str]
+    sidecar_path: Path | None = None
+    calibration: dict[str, Any] | None = None
+    evaluation: dict[str, Any] | None = None
+    error_report: list[dict[str, Any]] | None = None
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def size_ratio(self) -> float:
+        return round(self.size_before / self.size_after, 3) if self.size_after else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input": str(self.input_path) if self.input_path else None,
+            "output": str(self.output_path) if self.output_path else None,
+            "settings": self.config.record(),
+            "size_before": self.size_before,
+            "size_after": self.size_after,
+            "size_ratio": self.size_ratio,
+            "nodes_before": self.nodes_before,
+            "nodes_after": self.nodes_after,
+            "excluded_nodes": len(self.excluded_nodes),
+            "quantized_per_module": self.quantized_per_module,
+            "coverage": self.coverage,
+            "retag": self.retag,
+            "metadata_keys": self.metadata_keys,
+            "sidecar": str(self.sidecar_path) if self.sidecar_path else None,
+            "calibration": self.calibration,
+            "evaluation": self.evaluation,
+            "error_report": self.error_report,
+            "notes": self.notes,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def quantize_proto(model: Any, cfg: QuantizeConfig, samples: SampleSet | None = None) -> tuple[Any, dict[str, Any]]:
+    """Quantize a tagged ModelProto in memory; returns (tagged quantized model, facts about the run)."""
+    notes: list[str] = []
+    work = preprocess(model, notes) if cfg.preprocess else model
+    exclude = excluded_nodes(work, cfg.exclude_modules)
+    with tempfile.TemporaryDirectory(prefix="modelexport-q-") as tmp:
+        src, out = save_onnx(work, Path(tmp) / "in.onnx"), Path(tmp) / "quantized.onnx"
+        try:
+            QUANT_MODES[cfg.mode](src, out, cfg, exclude, samples)
+        except (ConfigError, OnnxFileError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - ORT raises bare Exceptions; wrap with the mode
+            raise OptimizationError(f"{cfg.mode} quantization failed: {type(exc).__name__}: {exc}") from exc
+        quantized = load_onnx(out)
+    result = retag(work, quantized)
+    record = {**cfg.record(), "excluded_nodes": len(exclude)}
+    if samples is not None and cfg.mode == "static":
+        record["calibration_samples"] = len(samples)
+        record["calibration_kind"] = samples.kind
+    keys = carry_metadata(model, quantized, RECORD_KEY, record)
+    facts = {"notes": notes, "exclude": exclude, "retag": result.to_dict(), "metadata_keys": keys, "record": record}
+    return quantized, facts
+
+
+def quantize(
+    model_path: str | Path,
+    output_path: str | Path,
+    config: QuantizeConfig | None = None,
+    *,
+    samples: SampleSet | None = None,
+    eval_data: str | Path | None = None,
+    eval_samples: int = 200,
+    error_report: bool = False,
+    **options: Any,
+) -> QuantizeResult:
+    """Quantize ``model_path`` to ``output_path``; tags, metadata and sidecar are carried over.
+
+    ``options`` are :class:`QuantizeConfig` fields. Static mode calibrates on ``samples`` or on
+    ``config.calibration_data``. ``eval_data`` adds fp32-vs-int8 agreement/accuracy and latency;
+    ``error_report`` adds per-module output errors on the calibration (or eval) samples.
+    """
+    cfg = (config or QuantizeConfig()).with_changes(**options) if options else (config or QuantizeConfig())
+    start = time.perf_counter()
+    src, dst = Path(model_path), Path(output_path)
+    if src.resolve() == dst.resolve():
+        raise ConfigError(f"output {dst} would overwrite the input model", hint="choose another -o path")
+    model = load_onnx(src)
+    if samples is None and cfg.calibration_data:
+        samples = load_samples(cfg.calibration_data, model, src, cfg.calibration_samples, tokenizer=cfg.tokenizer, seed=cfg.seed)
+    quantized, facts = quantize_proto(model, cfg, samples)
+    save_onnx(quantized, dst)
+    sidecar = write_sidecar(read_sidecar(src), quantized, dst, {"kind": "quantize", **facts["record"]})
+    result = QuantizeResult(
+        src, dst, cfg, src.stat().st_size, dst.stat().st_size, len(model.graph.node), len(quantized.graph.node),
+        facts["exclude"], quantized_per_module(quantized), tag_coverage(quantized), facts["retag"],
+        facts["metadata_keys"], sidecar, notes=facts["notes"],
+    )
+    if samples is not None:
+        result.calibration = {"kind": samples.kind, "samples": len(samples), "method": cfg.calibrate_method}
+    _evaluate(result, model, quantized, samples, eval_data, eval_samples, error_report)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _evaluate(result: QuantizeResult, model: Any, quantized: Any, samples: SampleSet | None,
+              eval_data: str | Path | None, eval_samples: int, error_report: bool) -> None:
+    from .evaluate import compare_models, module_error_report
+
+    cfg = result.config
+    evals = None
+    if eval_data is not None:
+        evals = load_samples(eval_data, model, result.input_path, eval_samples, tokenizer=cfg.tokenizer, seed=cfg.seed + 1)
+        result.evaluation = compare_models(model, quantized, evals)
+    if error_report:
+        data = samples or evals
+        if data is None:
+            raise ConfigError("--error-report needs samples to run", hint="pass --calibration-data or --eval-data")
+        result.error_report = module_error_report(model, quantized, data)

@@ -1,0 +1,176 @@
+"""Re-tag a transformed graph from the tagged graph it came from.
+
+Quantizers, ``quant_pre_process``, ONNX Runtime's offline optimizer and its transformer fusions
+rebuild nodes and drop node ``metadata_props``. This pass restores a tag on every node by matching
+the graph after the transform against the graph before it:
+
+1. a node whose name exists before keeps that node's tag (and source);
+2. a node that produces a tensor that existed before replaced the nodes that computed it: it gets
+   the deepest common ancestor of their tags (found walking back from its outputs to its inputs);
+3. a node named after an old node (``node_MatMul_7_quant``) takes that node's tag;
+4. the rest (inserted Q/DQ, scale ``Mul`` nodes, casts) inherit the common ancestor of the nodes
+   they serve (consumers), else of their producers, else the root tag.
+
+Only ``metadata_props`` change. Nodes tagged by rules 2-4 get source ``inherited``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, node_key, set_node_tag
+
+__all__ = ["RetagResult", "retag", "tag_coverage"]
+
+INHERITED = "inherited"
+_MAX_REPLACED = 512  # bound on the backward walk of rule 2
+
+
+@dataclass
+class RetagResult:
+    """How each node of the new graph got its tag."""
+
+    total: int = 0
+    by_rule: dict[str, int] = field(default_factory=dict)
+    untagged_before: int = 0
+
+    @property
+    def coverage_pct(self) -> float:
+        return 100.0 if not self.total else round(100.0 * sum(self.by_rule.values()) / self.total, 3)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"total_nodes": self.total, "by_rule": self.by_rule, "coverage_pct": self.coverage_pct}
+
+
+@dataclass
+class _Before:
+    tag_by_name: dict[str, str]
+    source_by_name: dict[str, str]
+    producer: dict[str, Any]  # tensor -> node
+    root: str | None
+
+
+def _props(node: Any) -> dict[str, str]:
+    return {p.key: p.value for p in node.metadata_props}
+
+
+def _index_before(model: Any) -> _Before:
+    tags: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    producer: dict[str, Any] = {}
+    for node in model.graph.node:
+        props = _props(node)
+        if node.name and props.get(TAG_KEY):
+            tags[node.name] = props[TAG_KEY]
+            sources[node.name] = props.get(TAG_SOURCE_KEY, "scope")
+        for out in node.output:
+            if out:
+                producer[out] = node
+    all_tags = [_props(n).get(TAG_KEY) for n in model.graph.node]
+    return _Before(tags, sources, producer, common_ancestor({t for t in all_tags if t}))
+
+
+def _replaced_tags(node: Any, before: _Before, kept_names: set[str]) -> set[str]:
+    """Tags of the old nodes between ``node``'s inputs and its outputs (what it replaced)."""
+    stop = set(node.input)
+    todo = [before.producer[o] for o in node.output if o in before.producer]
+    seen: set[int] = set()
+    tags: set[str] = set()
+    while todo and len(seen) < _MAX_REPLACED:
+        old = todo.pop()
+        if id(old) in seen:
+            continue
+        seen.add(id(old))
+        tag = before.tag_by_name.get(old.name) or _props(old).get(TAG_KEY)
+        if tag:
+            tags.add(tag)
+        for inp in old.input:
+            prev = before.producer.get(inp)
+            if inp in stop or prev is None or prev.name in kept_names:
+                continue
+            todo.append(prev)
+    return tags
+
+
+def _by_prefix(name: str, before: _Before) -> str | None:
+    best = ""
+    for sep in ("_", "/", "."):
+        parts = name.split(sep)
+        for i in range(len(parts) - 1, 0, -1):
+            cand = sep.join(parts[:i])
+            if cand in before.tag_by_name and len(cand) > len(best):
+                best = cand
+                break
+    return before.tag_by_name.get(best) if best else None
+
+
+def _propagate(nodes: list[Any], tags: dict[int, str]) -> None:
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = defaultdict(list)
+    for i, node in enumerate(nodes):
+        for out in node.output:
+            producer[out] = i
+        for inp in node.input:
+            consumers[inp].append(i)
+    for downstream in (True, False):
+        changed = True
+        while changed:
+            changed = False
+            order = range(len(nodes) - 1, -1, -1) if downstream else range(len(nodes))
+            for i in order:
+                if i in tags:
+                    continue
+                node = nodes[i]
+                if downstream:
+                    near = {tags[c] for o in node.output for c in consumers.get(o, []) if c in tags}
+                else:
+                    near = {tags[producer[x]] for x in node.input if x in producer and producer[x] in tags}
+                found = common_ancestor(near)
+                if found:
+                    tags[i] = found
+                    changed = True
+
+
+def retag(before: Any, after: Any) -> RetagResult:
+    """Give every node of ``after`` (a ModelProto, changed in place) a tag derived from ``before``."""
+    ref = _index_before(before)
+    nodes = list(after.graph.node)
+    result = RetagResult(total=len(nodes), untagged_before=sum(1 for n in before.graph.node if not _props(n).get(TAG_KEY)))
+    if ref.root is None:
+        return result  # nothing to carry: the input has no tags
+    kept_names = {n.name for n in nodes if n.name in ref.tag_by_name}
+    tags: dict[int, str] = {}
+    sources: dict[int, str] = {}
+    rules: Counter[str] = Counter()
+    for i, node in enumerate(nodes):
+        existing = _props(node).get(TAG_KEY)
+        if node.name in ref.tag_by_name:
+            tags[i], sources[i], rule = ref.tag_by_name[node.name], ref.source_by_name[node.name], "kept"
+        elif existing:
+            tags[i], sources[i], rule = existing, _props(node).get(TAG_SOURCE_KEY, INHERITED), "kept"
+        elif found := common_ancestor(_replaced_tags(node, ref, kept_names)):
+            tags[i], rule = found, "replaced"
+        elif found := _by_prefix(node.name, ref):
+            tags[i], rule = found, "named"
+        else:
+            continue
+        rules[rule] += 1
+    pending = [i for i in range(len(nodes)) if i not in tags]
+    _propagate(nodes, tags)
+    for i in pending:
+        rules["served" if i in tags else "root"] += 1
+        tags.setdefault(i, ref.root)
+    for i, node in enumerate(nodes):
+        set_node_tag(node, tags[i], sources.get(i, INHERITED))
+    result.by_rule = dict(rules)
+    return result
+
+
+def tag_coverage(model: Any) -> dict[str, Any]:
+    """Tagged nodes / all nodes of the main graph, and the keys of untagged nodes."""
+    missing = [node_key(n, i) for i, n in enumerate(model.graph.node) if not _props(n).get(TAG_KEY)]
+    total = len(model.graph.node)
+    pct = 100.0 if not total else round(100.0 * (total - len(missing)) / total, 3)
+    return {"total_nodes": total, "tagged_nodes": total - len(missing), "coverage_pct": pct, "untagged": missing[:20]}

@@ -1,0 +1,129 @@
+"""BatchNorm statistics adaptation inside ONNX Runtime.
+
+The BN initializers (scale, bias, running mean and variance) are exposed as overridable graph inputs and
+the BN inputs as extra outputs, so **one shared, read-only session** computes test-batch statistics and
+runs with any adapted state passed per call: concurrent callers never see each other's statistics and
+the source model is never modified. ``adapted_model(state)`` writes a state into a *copy* of the model.
+
+Each iteration runs the batch with the current state, measures every BN input's per-channel mean and
+(biased) variance, and blends them with the prior: ``new = (1 - momentum) * prior + momentum * batch``.
+With momentum 1 and one iteration per BN layer the result equals PyTorch's train-mode BatchNorm on the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..errors import TestTimeError
+from ..runtime.session import create_session
+from .graph import add_outputs, expose_initializers, initializer_arrays, load_model, write_initializers
+
+__all__ = ["BNLayer", "BNAdapter", "BNState", "find_bn_layers"]
+
+#: Initializer name -> value: the adapted BN tensors (mean/var, and scale/bias after Tent).
+BNState = dict[str, np.ndarray]
+
+NO_BN_HINT = "export with BatchNorm kept: `modelexport export MODEL --keep-batchnorm` (ExportConfig.keep_batchnorm=True)"
+
+
+@dataclass(frozen=True)
+class BNLayer:
+    """One BatchNormalization node: its input tensor and its four parameter initializers."""
+
+    node: str
+    x: str
+    scale: str
+    bias: str
+    mean: str
+    var: str
+    epsilon: float
+
+    @property
+    def params(self) -> tuple[str, str, str, str]:
+        return (self.scale, self.bias, self.mean, self.var)
+
+
+def find_bn_layers(model: onnx.ModelProto) -> list[BNLayer]:
+    """BatchNormalization nodes whose parameters are initializers, in graph order."""
+    inits = {t.name for t in model.graph.initializer}
+    layers: list[BNLayer] = []
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        if node.op_type != "BatchNormalization":
+            continue
+        x, *params = list(node.input)[:5]
+        missing = [p for p in params if p not in inits]
+        if missing:
+            raise TestTimeError(f"BatchNormalization {node.name or i}: parameters {missing} are not initializers; cannot adapt them")
+        shared = seen.intersection(params)
+        if shared:
+            raise TestTimeError(f"BatchNormalization {node.name or i} shares parameters {sorted(shared)} with another BN node")
+        seen.update(params)
+        eps = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), 1e-5)
+        layers.append(BNLayer(node.name or f"bn_{i}", x, *params, float(eps)))
+    return layers
+
+
+def channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel (axis 1) mean and biased variance, as BatchNorm's training mode computes them."""
+    axes = tuple(a for a in range(x.ndim) if a != 1)
+    x64 = x.astype(np.float64)
+    return x64.mean(axis=axes), x64.var(axis=axes)
+
+
+class BNAdapter:
+    """Adapt BN statistics to a test batch with ONNX Runtime; one shared session, state passed per call."""
+
+    def __init__(self, model: Any, providers: list[str] | tuple[str, ...] | None = None, graph_optimization_level: str = "all") -> None:
+        self.source = load_model(model)
+        self.layers = find_bn_layers(self.source)
+        if not self.layers:
+            raise TestTimeError("the model has no BatchNormalization nodes: BN adaptation and Tent do not apply", hint=NO_BN_HINT)
+        names = [p for layer in self.layers for p in layer.params]
+        self.source_state: BNState = initializer_arrays(self.source, names)
+        self.output_names = [o.name for o in self.source.graph.output]
+        working = add_outputs(expose_initializers(self.source, names), [layer.x for layer in self.layers])
+        self.working_model = working
+        self.session, self.session_info = create_session(
+            working, providers=tuple(providers or ()), graph_optimization_level=graph_optimization_level
+        )
+
+    def run(self, feeds: dict[str, np.ndarray], state: BNState | None = None, outputs: list[str] | None = None) -> list[np.ndarray]:
+        """Run with the given state (missing entries: the source values)."""
+        return self.session.run(outputs or self.output_names, {**feeds, **(state or {})})
+
+    def batch_statistics(self, feeds: dict[str, np.ndarray], state: BNState | None = None) -> BNState:
+        """Every BN input's batch mean and variance under ``state``."""
+        xs = self.run(feeds, state, [layer.x for layer in self.layers])
+        stats: BNState = {}
+        for layer, x in zip(self.layers, xs, strict=True):
+            stats[layer.mean], stats[layer.var] = channel_stats(x)
+        return stats
+
+    def adapt(
+        self, feeds: dict[str, np.ndarray], prior: BNState | None = None, momentum: float = 1.0, iterations: int = 1
+    ) -> BNState:
+        """A new state from ``prior`` (default: the source) blended with this batch's statistics."""
+        if not 0.0 < momentum <= 1.0:
+            raise TestTimeError(f"momentum must be in (0, 1], got {momentum}")
+        prior = {**self.source_state, **(prior or {})}
+        state = dict(prior)
+        for _ in range(max(1, iterations)):
+            stats = self.batch_statistics(feeds, state)
+            for name, value in stats.items():
+                blended = (1.0 - momentum) * prior[name].astype(np.float64) + momentum * value
+                state[name] = blended.astype(prior[name].dtype)
+        return state
+
+    def exact_iterations(self) -> int:
+        """Iterations after which momentum-1 adaptation equals train-mode BatchNorm (one per BN layer)."""
+        return len(self.layers)
+
+    def adapted_model(self, state: BNState) -> onnx.ModelProto:
+        """A copy of the source model with the state written into its BN initializers."""
+        return write_initializers(self.source, state)

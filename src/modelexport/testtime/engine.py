@@ -1,0 +1,220 @@
+"""``TestTimeEngine``: one entry point that spends test-time compute on an ONNX model.
+
+``TestTimeEngine(model, policy, providers).predict(feeds) -> probabilities (N, C)``. Per call, in order:
+adapt BN statistics or run Tent on the batch (``policy.ttt``), run the TTA views (batched when the batch
+axis is dynamic) with MC-dropout passes inside each view, and aggregate. Sessions are built once and
+never modified: an adaptation lives in a per-call state (episodic) or in a :class:`Stream` the caller
+holds (``engine.new_stream()``), so concurrent callers are isolated.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InferenceError, TestTimeError
+from ..runtime.session import create_session
+from .adapt import BNAdapter, BNState
+from .aggregate import aggregate, softmax
+from .augment import make_views
+from .graph import load_model
+from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
+from .policy import TestTimePolicy
+from .tent import tent_adapt
+
+__all__ = ["TestTimeEngine", "TestTimeResult", "Stream"]
+
+
+@dataclass
+class Stream:
+    """Adaptation state carried across batches of one stream (non-episodic policies)."""
+
+    state: BNState | None = None
+    batches: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+@dataclass
+class TestTimeResult:
+    """Probabilities plus what was spent: views, rows augmented (adaptive TTA), MC-dropout uncertainty."""
+
+    __test__ = False
+
+    probs: np.ndarray
+    n_views: int = 1
+    n_augmented: int = 0
+    adapted: bool = False
+    uncertainty: MCDropoutResult | None = None
+    batched: bool = True
+
+
+class TestTimeEngine:
+    """Predict with a :class:`TestTimePolicy` on an exported folder, ``.onnx`` path, bytes or ModelProto."""
+
+    __test__ = False
+
+    def __init__(
+        self,
+        model: Any,
+        policy: TestTimePolicy | None = None,
+        providers: list[str] | tuple[str, ...] | None = None,
+        *,
+        torch_model: Any = None,
+        input_name: str | None = None,
+        output_name: str | None = None,
+    ) -> None:
+        self.policy = policy or TestTimePolicy()
+        self.torch_model = torch_model
+        source = load_model(model)
+        working = enable_mc_dropout(source, self.policy.seed) if self.policy.mc_dropout else source
+        self.adapter: BNAdapter | None = None
+        if self.policy.ttt != "none":
+            self.adapter = BNAdapter(working, providers)
+            self.session, self.session_info = self.adapter.session, self.adapter.session_info
+        else:
+            self.session, self.session_info = create_session(working, providers=tuple(providers or ()))
+        inits = {t.name for t in source.graph.initializer}
+        self.inputs = [i for i in source.graph.input if i.name not in inits]
+        self.input_name = input_name or self.inputs[0].name
+        self.output_name = output_name or source.graph.output[0].name
+        self.dynamic_batch = self._batch_is_dynamic(self.input_name)
+        self.modality = self._modality()
+        self._default_stream = Stream()
+
+    # ----------------------------------------------------------------------------------------- introspection
+
+    def _batch_is_dynamic(self, name: str) -> bool:
+        vi = next(i for i in self.inputs if i.name == name)
+        dims = vi.type.tensor_type.shape.dim
+        return not dims or not dims[0].HasField("dim_value")
+
+    def _modality(self) -> str:
+        if self.policy.modality != "auto":
+            return self.policy.modality
+        vi = next(i for i in self.inputs if i.name == self.input_name)
+        rank = len(vi.type.tensor_type.shape.dim)
+        if vi.type.tensor_type.elem_type in (6, 7):  # int32/int64: token ids, augment text before tokenizing
+            return "text"
+        return "image" if rank == 4 else "tensor"
+
+    def new_stream(self) -> Stream:
+        """A fresh adaptation stream (use one per client for non-episodic policies)."""
+        return Stream()
+
+    # ----------------------------------------------------------------------------------------------- running
+
+    def _run(self, feeds: dict[str, np.ndarray], state: BNState | None) -> np.ndarray:
+        try:
+            if self.adapter is not None:
+                return self.adapter.run(feeds, state, [self.output_name])[0]
+            return self.session.run([self.output_name], feeds)[0]
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime's errors are re-raised with the input names
+            names = ", ".join(f"{i.name}" for i in self.inputs)
+            raise InferenceError(f"running the model failed ({type(exc).__name__}: {exc}); model inputs: {names}") from exc
+
+    def _forward(self, feeds: dict[str, np.ndarray], state: BNState | None) -> tuple[np.ndarray, MCDropoutResult | None]:
+        """Logits of one view (B, C); with MC dropout the log of the pass-averaged probabilities."""
+        passes = self.policy.mc_dropout
+        if not passes:
+            return self._run(feeds, state), None
+        n = len(next(iter(feeds.values())))
+        if self.dynamic_batch and self.policy.batched:
+            tiled = {k: np.concatenate([v] * passes) if _batched(v, n) else v for k, v in feeds.items()}
+            out = self._run(tiled, state)
+            logits = out.reshape(passes, n, *out.shape[1:])
+        else:
+            logits = np.stack([self._run(feeds, state) for _ in range(passes)])
+        summary = mc_summary(logits)
+        return np.log(np.clip(summary.probs, 1e-12, 1.0)), summary
+
+    def _adapt(self, feeds: dict[str, np.ndarray], stream: Stream) -> BNState | None:
+        if self.adapter is None:
+            return None
+        p = self.policy
+        prior = None if p.episodic else stream.state
+        if p.ttt == "bn":
+            state = self.adapter.adapt(feeds, prior, p.momentum, p.ttt_iterations)
+        else:
+            state = tent_adapt(self.adapter, feeds, prior, p.learning_rate, p.ttt_iterations, self.torch_model)
+        if not p.episodic:
+            stream.state = state
+            stream.batches += 1
+        return state
+
+    def _views_logits(self, feeds: dict[str, np.ndarray], state: BNState | None) -> tuple[np.ndarray, int, bool]:
+        """Stacked logits (K, B, ...) of every TTA view of the array input, de-augmented where dense."""
+        x = feeds[self.input_name]
+        n = len(x)
+        views, owners, index = make_views(x, self.policy.tta_transforms, self.modality, self.policy.seed)
+        shapes = {v.shape for v in views}
+        batched = self.dynamic_batch and self.policy.batched and len(shapes) == 1
+        if batched:
+            big = {k: (np.concatenate(views) if k == self.input_name else np.concatenate([v] * len(views))) if _batched(v, n) else v for k, v in feeds.items()}
+            big[self.input_name] = np.concatenate(views)
+            out, _ = self._forward(big, state)
+            logits = out.reshape(len(views), n, *out.shape[1:])
+        else:
+            logits = np.stack([self._forward({**feeds, self.input_name: v}, state)[0] for v in views])
+        if logits.ndim >= 4 and logits.shape[-2:] == x.shape[-2:]:  # dense NCHW output: undo each view's transform
+            bad = sorted({t.name for t in owners if not t.invertible})
+            if bad:
+                raise TestTimeError(f"dense outputs need invertible TTA transforms; {bad} cannot be undone")
+            logits = np.stack([t.invert(y, i) for y, t, i in zip(logits, owners, index, strict=True)])
+        return logits, len(views), batched
+
+    def run(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> TestTimeResult:
+        """Predict one batch with the policy; returns probabilities and what was spent."""
+        missing = [i.name for i in self.inputs if i.name not in feeds]
+        if missing:
+            raise InferenceError(f"missing model inputs {missing}; the model takes {[i.name for i in self.inputs]}")
+        stream = stream or self._default_stream
+        with stream.lock:
+            state = self._adapt(feeds, stream)
+        logits, uncertainty = self._forward(feeds, state) if not self.policy.tta_transforms or self.policy.adaptive_threshold else (None, None)
+        class_axis = 1 if logits is not None and logits.ndim == 4 else -1
+        if not self.policy.tta_transforms:
+            return TestTimeResult(softmax(logits, class_axis), 1, 0, state is not None, uncertainty)
+        if self.modality == "text":
+            raise TestTimeError("text TTA works on strings: call predict_texts(texts, processor)")
+        if self.policy.adaptive_threshold is None:
+            views, k, batched = self._views_logits(feeds, state)
+            cls = 1 if views.ndim == 5 else -1
+            return TestTimeResult(aggregate(views, self.policy.tta_aggregate, cls), k, len(views[0]), state is not None, None, batched)
+        return self._adaptive(feeds, state, logits, uncertainty)
+
+    def _adaptive(self, feeds: dict[str, np.ndarray], state: BNState | None, logits: np.ndarray, uncertainty: Any) -> TestTimeResult:
+        """Augment only the rows whose plain prediction is less confident than the threshold."""
+        probs = softmax(logits, -1)
+        low = np.flatnonzero(probs.max(axis=-1) < self.policy.adaptive_threshold)
+        k, batched = 1, True
+        if len(low):
+            n = len(probs)
+            sub = {key: v[low] if _batched(v, n) else v for key, v in feeds.items()}
+            views, k, batched = self._views_logits(sub, state)
+            probs = probs.copy()
+            probs[low] = aggregate(views, self.policy.tta_aggregate, -1)
+        return TestTimeResult(probs.astype(np.float32), k, len(low), state is not None, uncertainty, batched)
+
+    def predict(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> np.ndarray:
+        """Probabilities (N, C) (dense outputs: (N, C, H, W))."""
+        return self.run(feeds, stream).probs
+
+    def predict_texts(self, texts: list[str], processor: Callable[..., dict[str, np.ndarray]]) -> np.ndarray:
+        """Text TTA: augment the strings, tokenize all views in one processor call, run them as one batch."""
+        names = self.policy.tta_transforms or ("identity",)
+        views, _, _ = make_views(list(texts), names, "text", self.policy.seed)
+        flat = [t for view in views for t in view]
+        feeds = processor(texts=flat)
+        feeds = {i.name: feeds[i.name] for i in self.inputs if i.name in feeds}
+        state = self._adapt(feeds, self._default_stream) if self.adapter else None
+        out, _ = self._forward(feeds, state)
+        logits = out.reshape(len(views), len(texts), *out.shape[1:])
+        return aggregate(logits, self.policy.tta_aggregate, -1)
+
+
+def _batched(value: np.ndarray, n: int) -> bool:
+    return getattr(value, "ndim", 0) >= 1 and len(value) == n

