@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -47,12 +48,38 @@ def test_tiny_hf_models(export_cache: Any, name: str, exporter: str) -> None:
     assert result.coverage["by_source"].get("scope", 0) >= 0.5 * result.coverage["total_nodes"]
 
 
+#: torch 2.13: after one dynamo export of an nn.LSTM with a dynamic sequence axis, every later one in
+#: the same process specialises that axis and fails (a torch-internal cache). The first export is fine:
+#: test_lstm_dynamo_in_a_fresh_process proves it; the in-process grid cannot export it twice.
+DYNAMO_ONCE_PER_PROCESS = {"lstm"}
+TORCH_GRID = [(n, e) for n in sorted(TORCH_MODELS) for e in ("dynamo", "torchscript") if not (e == "dynamo" and n in DYNAMO_ONCE_PER_PROCESS)]
+
+
 @pytest.mark.must
-@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
-@pytest.mark.parametrize("name", sorted(TORCH_MODELS))
+@pytest.mark.parametrize(("name", "exporter"), TORCH_GRID, ids=[f"{n}-{e}" for n, e in TORCH_GRID])
 def test_plain_torch_models(export_cache: Any, name: str, exporter: str) -> None:
     result = export_cache.get(f"torch-{name}", TORCH_MODELS[name], exporter=exporter, verify_topology=True)
     assert_export_invariants(result)
+
+
+@pytest.mark.must
+def test_lstm_dynamo_in_a_fresh_process(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    script = (
+        "import json, modelexport\n"
+        "from tests.models.torch_models import LSTMClassifier\n"
+        f"r = modelexport.export(LSTMClassifier(), {str(tmp_path / 'lstm')!r}, exporter='dynamo')\n"
+        "print(json.dumps({'coverage': r.coverage, 'parity': r.parity}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["coverage"]["coverage_pct"] == 100.0
+    assert out["parity"]["passed"]
+    model = onnx.load(str(tmp_path / "lstm" / "model.onnx"))
+    assert any(n.op_type == "LSTM" for n in model.graph.node)
 
 
 @pytest.mark.must
