@@ -96,6 +96,9 @@ def export_cmd(model: str, output_dir: str, **opts: Any) -> int:
         quantize=None if opts["quantize"] == "none" else opts["quantize"],
         **({"torch_nn_exceptions": opts["torch_nn_exceptions"]} if opts["torch_nn_exceptions"] is not None else {}),
     )
-    result = export(model, output_dir, config)
+    from rich.console import Console
+
+    with Console(stderr=True).status("Exporting...") as status:
+        result = export(model, output_dir, config, on_stage=lambda stage: status.update(f"Exporting: {stage}..."))
     click.echo(json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else _summary(result))
     return 0

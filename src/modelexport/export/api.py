@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
-from .context import ExportContext
+from .context import ExportContext, StageLog
 from .inputs import build_inputs
 from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for
@@ -36,6 +37,7 @@ MODEL_FILE = "model.onnx"
 PACKAGE_PASSES: list[str] = [
     "modelexport.metadata.embed:embed_metadata_pass",
     "modelexport.metadata.embed:package_pass",
+    "modelexport.optimize.export_pass:quantize_package_pass",
 ]
 
 
@@ -133,7 +135,8 @@ def _dump_graphs(ctx: ExportContext) -> None:
         ctx.files["jit_graph"] = "jit_graph.txt"
 
 
-def _verify(ctx: ExportContext, settings: CaptureSettings) -> tuple[bool | None, dict[str, Any] | None]:
+def _verify(ctx: ExportContext, settings: CaptureSettings, model: bytes | Path) -> tuple[bool | None, dict[str, Any] | None]:
+    """Topology (optional), onnx.checker and parity, on the serialized model (serialized once)."""
     import onnx
 
     identical = None
@@ -145,7 +148,7 @@ def _verify(ctx: ExportContext, settings: CaptureSettings) -> tuple[bool | None,
             identical, st["detail"] = True, "identical to baseline"
     with ctx.stages.stage("onnx_checker"):
         try:
-            onnx.checker.check_model(ctx.model_proto)
+            onnx.checker.check_model(model if isinstance(model, bytes) else str(model))
         except onnx.checker.ValidationError as exc:
             raise ExportError(f"the exported model fails onnx.checker: {str(exc).splitlines()[0]}") from exc
     if not ctx.config.validate:
@@ -155,7 +158,7 @@ def _verify(ctx: ExportContext, settings: CaptureSettings) -> tuple[bool | None,
         ctx.stages.skip("parity", "dropout kept active: outputs are random by design")
         return identical, None
     with ctx.stages.stage("parity") as st:
-        report = check_parity(ctx.model_proto.SerializeToString(), ctx.inputs.as_numpy(), ctx.reference, ctx.config.atol)
+        report = check_parity(model, ctx.inputs.as_numpy(), ctx.reference, ctx.config.atol)
         st["detail"] = f"max abs diff {report.worst:.3g} <= {ctx.config.atol}"
     return identical, report.to_dict()
 
@@ -171,11 +174,17 @@ def _model_info(loaded: LoadedModel) -> dict[str, Any]:
     }
 
 
-def _save_model(proto: Any, path: Path) -> None:
+def _write_model(proto: Any, path: Path) -> bytes | Path:
+    """Serialize once and write; returns the bytes (reused by checker and parity), or the path for
+    models over protobuf's 2 GB limit, which are saved with external data."""
     import onnx
 
-    large = proto.ByteSize() > 1_800_000_000
-    onnx.save_model(proto, str(path), save_as_external_data=large, location=f"{path.name}.data" if large else None)
+    if proto.ByteSize() > 1_800_000_000:
+        onnx.save_model(proto, str(path), save_as_external_data=True, location=f"{path.name}.data")
+        return path
+    data = proto.SerializeToString()
+    path.write_bytes(data)
+    return data
 
 
 def _run_passes(ctx: ExportContext) -> None:
@@ -184,16 +193,24 @@ def _run_passes(ctx: ExportContext) -> None:
         getattr(importlib.import_module(module_name), attr)(ctx)
 
 
-def export(model: Any, output_dir: str | Path, config: ExportConfig | None = None, **options: Any) -> ExportResult:
+def export(
+    model: Any,
+    output_dir: str | Path,
+    config: ExportConfig | None = None,
+    *,
+    on_stage: Callable[[str], None] | None = None,
+    **options: Any,
+) -> ExportResult:
     """Export ``model`` (nn.Module, HF folder or hub id, ``file.py:factory``) to ``output_dir``.
 
     Writes ``model.onnx`` (every node tagged) and ``model_hierarchy.json``; verifies with
-    ``onnx.checker`` and ONNX Runtime vs PyTorch parity. ``options`` are :class:`ExportConfig` fields.
+    ``onnx.checker`` and ONNX Runtime vs PyTorch parity. ``options`` are :class:`ExportConfig` fields;
+    ``on_stage`` is called with each stage's name as it starts (progress display).
     """
     cfg = (config or ExportConfig()).with_changes(**options) if options else (config or ExportConfig())
     output_dir = Path(output_dir)
     with atomic_dir(output_dir) as staging:
-        ctx = _prepare(model, cfg, staging)
+        ctx = _prepare(model, cfg, staging, on_stage)
         settings = _settings(ctx)
         with ctx.stages.stage("export", f"{cfg.exporter}, opset {cfg.opset or 'default'}"):
             ctx.model_proto = capture(ctx.loaded.module, ctx.inputs, settings)
@@ -203,15 +220,17 @@ def export(model: Any, output_dir: str | Path, config: ExportConfig | None = Non
         with ctx.stages.stage("tagging") as st:
             ctx.tagging = tag_model(ctx.model_proto, ctx.tree, cfg.exporter)
             st["detail"] = f"{ctx.tagging.coverage['coverage_pct']}% of {ctx.tagging.coverage['total_nodes']} nodes"
-        identical, parity = _verify(ctx, settings)
+        ctx.extra["export_settings"] = _settings_record(ctx)
+        _run_passes(ctx)
+        with ctx.stages.stage("write"):
+            serialized = _write_model(ctx.model_proto, ctx.staging_dir / MODEL_FILE)
+        identical, parity = _verify(ctx, settings, serialized)
         result = _finish(ctx, output_dir, identical, parity)
     return result
 
 
-def _prepare(model: Any, cfg: ExportConfig, staging: Path) -> ExportContext:
-    from .context import StageLog
-
-    stages = StageLog()
+def _prepare(model: Any, cfg: ExportConfig, staging: Path, on_stage: Callable[[str], None] | None) -> ExportContext:
+    stages = StageLog(on_stage=on_stage)
     with stages.stage("load"):
         loaded = load_model(model)
     with stages.stage("inputs"):
@@ -224,22 +243,28 @@ def _prepare(model: Any, cfg: ExportConfig, staging: Path) -> ExportContext:
     return ctx
 
 
-def _finish(ctx: ExportContext, output_dir: Path, identical: bool | None, parity: dict[str, Any] | None) -> ExportResult:
+def _opset(proto: Any) -> int:
+    return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
+def _settings_record(ctx: ExportContext) -> dict[str, Any]:
+    """The export settings as recorded in the sidecar and the metadata."""
     cfg = ctx.config
-    opset = next((o.version for o in ctx.model_proto.opset_import if o.domain in ("", "ai.onnx")), 0)
-    settings = {
+    return {
         **cfg.to_dict(),
-        "opset": opset,
+        "opset": _opset(ctx.model_proto),
         "input_names": ctx.inputs.names,
         "output_names": [o.name for o in ctx.model_proto.graph.output],
         "dynamic_axes": ctx.inputs.dynamic_axes(cfg.static_shapes),
         "input_specs": [s.to_dict() for s in ctx.inputs.specs],
     }
-    ctx.extra["export_settings"] = settings
-    _run_passes(ctx)
-    with ctx.stages.stage("write"):
-        _save_model(ctx.model_proto, ctx.staging_dir / MODEL_FILE)
-        sidecar = build_sidecar(ctx.model_proto, ctx.tree, ctx.tagging, settings, _model_info(ctx.loaded))
+
+
+def _finish(ctx: ExportContext, output_dir: Path, identical: bool | None, parity: dict[str, Any] | None) -> ExportResult:
+    cfg = ctx.config
+    opset = _opset(ctx.model_proto)
+    with ctx.stages.stage("sidecar"):
+        sidecar = build_sidecar(ctx.model_proto, ctx.tree, ctx.tagging, ctx.extra["export_settings"], _model_info(ctx.loaded))
         write_json(ctx.staging_dir / SIDECAR_NAME, sidecar)
     result = ExportResult(
         output_dir=output_dir,

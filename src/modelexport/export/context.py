@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +21,14 @@ class StageLog:
     """Each stage's status, seconds and a short detail, in order."""
 
     stages: list[dict[str, Any]] = field(default_factory=list)
+    on_stage: Callable[[str], None] | None = None  # progress callback: called with each stage's name
 
     @contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[dict[str, Any]]:
         entry = {"stage": name, "status": "running", "seconds": 0.0, "detail": detail}
         self.stages.append(entry)
+        if self.on_stage is not None:
+            self.on_stage(name)
         start = time.perf_counter()
         try:
             yield entry

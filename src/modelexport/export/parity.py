@@ -59,11 +59,11 @@ class ParityReport:
         return {"atol": self.atol, "max_abs_diff": self.max_abs_diff, "passed": self.passed, "provider": self.provider}
 
 
-def check_parity(model_bytes: bytes, feeds: dict[str, np.ndarray], reference: list[tuple[str, Any]], atol: float) -> ParityReport:
+def check_parity(model: bytes | Any, feeds: dict[str, np.ndarray], reference: list[tuple[str, Any]], atol: float) -> ParityReport:
     """Run ONNX Runtime and compare with the PyTorch ``reference`` outputs; raise ParityError beyond atol."""
     from ..runtime.session import create_session
 
-    session, info = create_session(model_bytes, graph_optimization_level="all")
+    session, info = create_session(model, graph_optimization_level="all")
     wanted = {i.name for i in session.get_inputs()}
     outputs = session.run(None, {k: v for k, v in feeds.items() if k in wanted})
     report = ParityReport(atol=atol, provider=info.provider)
