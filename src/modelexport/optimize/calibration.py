@@ -18,7 +18,15 @@ from typing import Any
 
 from ..errors import ConfigError, DatasetError
 
-__all__ = ["SampleSet", "InputInfo", "READERS", "register_reader", "load_samples", "model_inputs", "find_model_dir"]
+__all__ = [
+    "SampleSet",
+    "InputInfo",
+    "READERS",
+    "register_reader",
+    "load_samples",
+    "model_inputs",
+    "find_model_dir",
+]
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp"}
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "content", "review")
@@ -48,7 +56,7 @@ class SampleSet:
 class ReadContext:
     inputs: tuple[InputInfo, ...]
     onnx_path: Path | None
-    metadata: dict[str, str]
+    metadata: dict[str, Any]
     limit: int
     seed: int = 0
     tokenizer: str | None = None
@@ -120,7 +128,9 @@ def _read_text_rows(path: Path) -> list[tuple[str, int | None]]:
             with path.open(newline="", encoding="utf-8") as fh:
                 rows = list(csv.DictReader(fh, delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
         elif path.suffix.lower() == ".jsonl":
-            rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            rows = [
+                json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+            ]
         else:
             rows = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -134,7 +144,9 @@ def _read_text_rows(path: Path) -> list[tuple[str, int | None]]:
             continue
         col = next((c for c in TEXT_COLUMNS if c in row), None)
         if col is None:
-            raise DatasetError(f"{path}: no text column; expected one of {', '.join(TEXT_COLUMNS)}, got {', '.join(row)}")
+            raise DatasetError(
+                f"{path}: no text column; expected one of {', '.join(TEXT_COLUMNS)}, got {', '.join(row)}"
+            )
         label = row.get("label")
         out.append((str(row[col]), int(label) if label not in (None, "") else None))
     if not out:
@@ -218,8 +230,22 @@ def read_npz(path: Path, ctx: ReadContext) -> SampleSet:
 def _image_files(path: Path) -> list[tuple[Path, int | None]]:
     subdirs = sorted(p for p in path.iterdir() if p.is_dir())
     if subdirs:  # ImageFolder layout: one folder per class, sorted names -> label ids
-        return [(f, k) for k, d in enumerate(subdirs) for f in sorted(d.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
+        return [
+            (f, k)
+            for k, d in enumerate(subdirs)
+            for f in sorted(d.iterdir())
+            if f.suffix.lower() in IMAGE_SUFFIXES
+        ]
     return [(f, None) for f in sorted(path.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
+
+
+def _config_size(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(width, height) from a processor config's ``size`` (int, {height, width} or {shortest_edge}); 224 else."""
+    size = cfg.get("size", 224)
+    if isinstance(size, dict):
+        edge = size.get("shortest_edge", 224)
+        return int(size.get("width", edge)), int(size.get("height", edge))
+    return int(size), int(size)
 
 
 def _processor(ctx: ReadContext) -> Callable[[Any], Any]:
@@ -232,16 +258,18 @@ def _processor(ctx: ReadContext) -> Callable[[Any], Any]:
 
         proc = AutoImageProcessor.from_pretrained(str(model_dir), local_files_only=True)
         return lambda img: proc(images=img, return_tensors="np")["pixel_values"]
-    raw = next((v for k, v in ctx.metadata.items() if "processor" in k.lower()), None)
-    cfg = json.loads(raw) if raw else {}
+    cfg = ctx.metadata.get("hf_processor_config") or {}
+    cfg = json.loads(cfg) if isinstance(cfg, str) else cfg
     shape = ctx.inputs[0].shape
-    size = (shape[-1] or 224, shape[-2] or 224)
+    size = (shape[-1] or _config_size(cfg)[0], shape[-2] or _config_size(cfg)[1])
     mean = np.asarray(cfg.get("image_mean", [0.0]), dtype=np.float32)
     std = np.asarray(cfg.get("image_std", [1.0]), dtype=np.float32)
     gray = (shape[1] if len(shape) == 4 else None) == 1
 
     def run(img: Any) -> Any:
-        arr = np.asarray(img.convert("L" if gray else "RGB").resize(size), dtype=np.float32) * cfg.get("rescale_factor", 1 / 255)
+        arr = np.asarray(img.convert("L" if gray else "RGB").resize(size), dtype=np.float32) * cfg.get(
+            "rescale_factor", 1 / 255
+        )
         arr = arr[..., None] if arr.ndim == 2 else arr
         return ((arr - mean) / std).transpose(2, 0, 1)[None]
 
@@ -266,17 +294,32 @@ def read_images(path: Path, ctx: ReadContext) -> SampleSet:
 
 
 def load_samples(
-    source: str | Path, model: Any, onnx_path: str | Path | None, limit: int, *, tokenizer: str | None = None, seed: int = 0
+    source: str | Path,
+    model: Any,
+    onnx_path: str | Path | None,
+    limit: int,
+    *,
+    tokenizer: str | None = None,
+    seed: int = 0,
 ) -> SampleSet:
     """Read up to ``limit`` batch-1 samples for ``model`` from ``source`` with the matching reader."""
     path = Path(source)
     if not path.exists():
-        raise DatasetError(f"calibration/eval data not found: {path}", hint="check the path given to --calibration-data/--eval-data")
-    metadata = {p.key: p.value for p in model.metadata_props}
-    ctx = ReadContext(model_inputs(model), Path(onnx_path) if onnx_path else None, metadata, limit, seed, tokenizer)
+        raise DatasetError(
+            f"calibration/eval data not found: {path}",
+            hint="check the path given to --calibration-data/--eval-data",
+        )
+    from .carry import model_metadata
+
+    metadata = model_metadata(model)
+    ctx = ReadContext(
+        model_inputs(model), Path(onnx_path) if onnx_path else None, metadata, limit, seed, tokenizer
+    )
     for name, (matches, reader) in READERS.items():
         if matches(path):
             samples = reader(path, ctx)
             samples.kind = name
             return samples
-    raise DatasetError(f"unsupported data {path}; give a .csv/.tsv/.json/.jsonl text file, an image folder or a .npz file")
+    raise DatasetError(
+        f"unsupported data {path}; give a .csv/.tsv/.json/.jsonl text file, an image folder or a .npz file"
+    )

@@ -17,7 +17,14 @@ from .._version import __version__
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key
 
-__all__ = ["carry_metadata", "sidecar_path", "read_sidecar", "remap_sidecar", "write_sidecar"]
+__all__ = [
+    "carry_metadata",
+    "model_metadata",
+    "sidecar_path",
+    "read_sidecar",
+    "remap_sidecar",
+    "write_sidecar",
+]
 
 
 def _set_props(model: Any, updates: dict[str, str]) -> None:
@@ -30,10 +37,9 @@ def _set_props(model: Any, updates: dict[str, str]) -> None:
 
 
 def carry_metadata(before: Any, after: Any, record_key: str, record: dict[str, Any]) -> list[str]:
-    """Copy ``before``'s model-level metadata onto ``after`` and add ``record_key`` (JSON).
+    """Copy ``before``'s model-level metadata onto ``after`` and add ``record_key`` (a JSON object).
 
-    Uses ``modelexport.metadata.update_metadata`` when that module is installed (it keeps the
-    checksum valid), else sets the props directly. Returns the keys written.
+    Uses ``modelexport.metadata.update_metadata`` so the checksum stays valid. Returns the keys now on ``after``.
     """
     carried = {p.key: p.value for p in before.metadata_props}
     for attr in ("producer_name", "producer_version", "doc_string", "model_version"):
@@ -41,14 +47,24 @@ def carry_metadata(before: Any, after: Any, record_key: str, record: dict[str, A
             setattr(after, attr, getattr(before, attr))
     after.ClearField("metadata_props")
     _set_props(after, dict(carried))
-    value = json.dumps(record, sort_keys=True, default=str)
+    record = json.loads(json.dumps(record, default=str))  # plain JSON types only
     try:
-        from ..metadata import update_metadata  # type: ignore[attr-defined]
-    except ImportError:
-        _set_props(after, {record_key: value})
+        from ..metadata import update_metadata
+    except ImportError:  # metadata package absent: plain props, no checksum
+        _set_props(after, {record_key: json.dumps(record, sort_keys=True)})
     else:
-        update_metadata(after, {record_key: value})
-    return [*carried, record_key]
+        update_metadata(after, {record_key: record}, verify=False)
+    return sorted({p.key for p in after.metadata_props})
+
+
+def model_metadata(model: Any) -> dict[str, Any]:
+    """Decoded model-level metadata (``modelexport.metadata.read_metadata``), {} when unreadable."""
+    try:
+        from ..metadata import read_metadata
+
+        return read_metadata(model)
+    except Exception:  # noqa: BLE001 - metadata is optional input here; a bad checksum must not block quantizing
+        return {p.key: p.value for p in model.metadata_props}
 
 
 def sidecar_path(onnx_path: str | Path) -> Path:
@@ -100,7 +116,9 @@ def remap_sidecar(sidecar: dict[str, Any], model: Any, transform: dict[str, Any]
     return out
 
 
-def write_sidecar(sidecar: dict[str, Any] | None, model: Any, onnx_path: str | Path, transform: dict[str, Any]) -> Path | None:
+def write_sidecar(
+    sidecar: dict[str, Any] | None, model: Any, onnx_path: str | Path, transform: dict[str, Any]
+) -> Path | None:
     """Write the re-mapped sidecar beside ``onnx_path``; nothing when the input had none."""
     if sidecar is None:
         return None

@@ -53,8 +53,12 @@ class QuantizeConfig:
 
         object.__setattr__(self, "mode", _choice("mode", self.mode, tuple(QUANT_MODES)))
         object.__setattr__(self, "weight_type", _choice("weight_type", self.weight_type, WEIGHT_TYPES))
-        object.__setattr__(self, "activation_type", _choice("activation_type", self.activation_type, WEIGHT_TYPES))
-        object.__setattr__(self, "calibrate_method", _choice("calibrate_method", self.calibrate_method, CALIBRATE_METHODS))
+        object.__setattr__(
+            self, "activation_type", _choice("activation_type", self.activation_type, WEIGHT_TYPES)
+        )
+        object.__setattr__(
+            self, "calibrate_method", _choice("calibrate_method", self.calibrate_method, CALIBRATE_METHODS)
+        )
         object.__setattr__(self, "op_types", _tuple(self.op_types))
         object.__setattr__(self, "exclude_modules", _tuple(self.exclude_modules))
         if self.calibration_samples < 1:

@@ -18,7 +18,9 @@ from .calibration import SampleSet
 __all__ = ["compare_models", "module_error_report", "run_samples", "time_session"]
 
 
-def run_samples(model: Any, samples: SampleSet, outputs: list[str] | None = None) -> tuple[list[list[Any]], float]:
+def run_samples(
+    model: Any, samples: SampleSet, outputs: list[str] | None = None
+) -> tuple[list[list[Any]], float]:
     """Outputs per sample, and the median seconds per sample."""
     sess, _ = create_session(model)
     results, times = [], []
@@ -62,7 +64,9 @@ def compare_models(reference: Any, candidate: Any, samples: SampleSet) -> dict[s
     b = [c[0] for c in cand]
     out: dict[str, Any] = {
         "samples": len(samples),
-        "max_abs_diff": float(max(np.max(np.abs(x.astype(np.float64) - y)) for x, y in zip(a, b, strict=True))),
+        "max_abs_diff": float(
+            max(np.max(np.abs(x.astype(np.float64) - y)) for x, y in zip(a, b, strict=True))
+        ),
         "mean_cosine": float(np.mean([_cosine(x, y) for x, y in zip(a, b, strict=True)])),
         "latency_fp32_ms": round(t_ref * 1e3, 4),
         "latency_quantized_ms": round(t_cand * 1e3, 4),
@@ -74,7 +78,9 @@ def compare_models(reference: Any, candidate: Any, samples: SampleSet) -> dict[s
         out["agreement"] = float(np.mean([x == y for x, y in zip(pa, pb, strict=True)]))
         if samples.labels is not None:
             out["accuracy_fp32"] = float(np.mean([p == lb for p, lb in zip(pa, samples.labels, strict=True)]))
-            out["accuracy_quantized"] = float(np.mean([p == lb for p, lb in zip(pb, samples.labels, strict=True)]))
+            out["accuracy_quantized"] = float(
+                np.mean([p == lb for p, lb in zip(pb, samples.labels, strict=True)])
+            )
     return out
 
 
@@ -83,8 +89,11 @@ def _boundaries(model: Any, depth: int) -> dict[str, list[str]]:
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(model)
-    floats = {vi.name for vi in [*inferred.graph.value_info, *inferred.graph.output]
-              if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    floats = {
+        vi.name
+        for vi in [*inferred.graph.value_info, *inferred.graph.output]
+        if vi.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    }
     module_of: dict[str, str] = {}
     produced: dict[str, str] = {}
     for node in model.graph.node:
@@ -122,7 +131,9 @@ def _with_outputs(model: Any, names: list[str]) -> Any:
     return copy
 
 
-def module_error_report(reference: Any, candidate: Any, samples: SampleSet, depth: int = 2, max_samples: int = 16) -> list[dict[str, Any]]:
+def module_error_report(
+    reference: Any, candidate: Any, samples: SampleSet, depth: int = 2, max_samples: int = 16
+) -> list[dict[str, Any]]:
     """Per module: max / mean abs error of its output tensors, candidate vs reference, worst first."""
     import numpy as np
 
@@ -139,11 +150,17 @@ def module_error_report(reference: Any, candidate: Any, samples: SampleSet, dept
     for module, tensors in bounds.items():
         if not tensors:
             continue
-        diffs = [np.abs(r[index[t]].astype(np.float64) - c[index[t]]) for r, c in zip(ref, cand, strict=True) for t in tensors]
-        report.append({
-            "module": module,
-            "tensors": len(tensors),
-            "max_abs_error": float(max(d.max() for d in diffs)),
-            "mean_abs_error": float(np.mean([d.mean() for d in diffs])),
-        })
+        diffs = [
+            np.abs(r[index[t]].astype(np.float64) - c[index[t]])
+            for r, c in zip(ref, cand, strict=True)
+            for t in tensors
+        ]
+        report.append(
+            {
+                "module": module,
+                "tensors": len(tensors),
+                "max_abs_error": float(max(d.max() for d in diffs)),
+                "mean_abs_error": float(np.mean([d.mean() for d in diffs])),
+            }
+        )
     return sorted(report, key=lambda r: r["max_abs_error"], reverse=True)

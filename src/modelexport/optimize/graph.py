@@ -21,12 +21,20 @@ from typing import Any
 
 from ..errors import OnnxFileError, OptimizationError
 from ..runtime.session import create_session
-from .carry import carry_metadata, read_sidecar, write_sidecar
+from .carry import carry_metadata, model_metadata, read_sidecar, write_sidecar
 from .config import OptimizeConfig
 from .quantize import load_onnx, save_onnx
 from .retag import retag, tag_coverage
 
-__all__ = ["GRAPH_PASSES", "OptimizeResult", "PassRecord", "register_pass", "optimize_model", "optimize_proto", "hf_dims"]
+__all__ = [
+    "GRAPH_PASSES",
+    "OptimizeResult",
+    "PassRecord",
+    "register_pass",
+    "optimize_model",
+    "optimize_proto",
+    "hf_dims",
+]
 
 log = logging.getLogger(__name__)
 RECORD_KEY = "modelexport.optimization"
@@ -51,26 +59,25 @@ def ort_offline(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[s
     create_session(src, graph_optimization_level=cfg.level, optimized_model_filepath=str(out))
     stats = {"level": cfg.level}
     if cfg.level == "all":
-        stats["note"] = "level 'all' may add layout changes specific to this CPU; prefer 'extended' for portable files"
+        stats["note"] = (
+            "level 'all' may add layout changes specific to this CPU; prefer 'extended' for portable files"
+        )
     return load_onnx(out), stats
 
 
 def hf_dims(model: Any) -> tuple[int, int]:
-    """(num_heads, hidden_size) from a Hugging Face config embedded in the metadata; (0, 0) when absent."""
-    for prop in model.metadata_props:
-        if "config" not in prop.key:
-            continue
+    """(num_heads, hidden_size) from the Hugging Face config embedded in the metadata; (0, 0) when absent."""
+    config = model_metadata(model).get("hf_model_config")
+    if isinstance(config, str):
         try:
-            data = json.loads(prop.value)
+            config = json.loads(config)
         except ValueError:
-            continue
-        if isinstance(data, dict):
-            data = data.get("hf_model_config", data)
-            heads = data.get("num_attention_heads") or data.get("n_head") or 0
-            hidden = data.get("hidden_size") or data.get("n_embd") or data.get("d_model") or 0
-            if heads and hidden:
-                return int(heads), int(hidden)
-    return 0, 0
+            config = None
+    if not isinstance(config, dict):
+        return 0, 0
+    heads = config.get("num_attention_heads") or config.get("n_head") or 0
+    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model") or 0
+    return int(heads), int(hidden)
 
 
 @register_pass("transformer_fusion", lambda c: c.transformer_fusion)
@@ -81,7 +88,9 @@ def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any,
     heads, hidden = hf_dims(model)
     heads, hidden = cfg.num_heads or heads, cfg.hidden_size or hidden
     src = save_onnx(model, tmp / "tf_in.onnx")
-    opt = optimizer.optimize_model(str(src), model_type=cfg.model_type, num_heads=heads, hidden_size=hidden, opt_level=0)
+    opt = optimizer.optimize_model(
+        str(src), model_type=cfg.model_type, num_heads=heads, hidden_size=hidden, opt_level=0
+    )
     fused = {k: v for k, v in (opt.get_fused_operator_statistics() or {}).items() if v}
     return opt.model, {"num_heads": heads, "hidden_size": hidden, "fused": fused}
 
@@ -105,7 +114,9 @@ def simplify(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str,
     try:
         import onnxslim
     except ImportError as exc:
-        raise OptimizationError("--simplify needs onnxslim", hint="pip install 'modelexport[optimize]'") from exc
+        raise OptimizationError(
+            "--simplify needs onnxslim", hint="pip install 'modelexport[optimize]'"
+        ) from exc
     return onnxslim.slim(model), {"tool": f"onnxslim {getattr(onnxslim, '__version__', '')}".strip()}
 
 
@@ -170,13 +181,23 @@ def optimize_proto(model: Any, cfg: OptimizeConfig) -> tuple[Any, list[PassRecor
             except Exception as exc:  # noqa: BLE001 - ORT/onnxslim raise many types; name the pass
                 raise OptimizationError(f"graph pass {name!r} failed: {type(exc).__name__}: {exc}") from exc
             result = retag(current, new)
-            records.append(PassRecord(name, len(current.graph.node), len(new.graph.node),
-                                      round(time.perf_counter() - start, 3), stats, result.to_dict()))
+            records.append(
+                PassRecord(
+                    name,
+                    len(current.graph.node),
+                    len(new.graph.node),
+                    round(time.perf_counter() - start, 3),
+                    stats,
+                    result.to_dict(),
+                )
+            )
             current = new
     return current, records
 
 
-def optimize_model(model_path: str | Path, output_path: str | Path, config: OptimizeConfig | None = None, **options: Any) -> OptimizeResult:
+def optimize_model(
+    model_path: str | Path, output_path: str | Path, config: OptimizeConfig | None = None, **options: Any
+) -> OptimizeResult:
     """Optimize ``model_path`` into ``output_path`` (atomic); tags, metadata and sidecar carried over.
 
     ``options`` are :class:`OptimizeConfig` fields.
@@ -193,6 +214,18 @@ def optimize_model(model_path: str | Path, output_path: str | Path, config: Opti
     save_onnx(optimized, dst)
     sidecar = write_sidecar(read_sidecar(src), optimized, dst, {"kind": "optimize", **cfg.record()})
     before, after = _ops(model), _ops(optimized)
-    changes = {op: after[op] - before[op] for op in sorted(set(before) | set(after)) if after[op] != before[op]}
-    return OptimizeResult(src, dst, cfg, records, changes, tag_coverage(optimized), src.stat().st_size,
-                          dst.stat().st_size, sidecar, keys)
+    changes = {
+        op: after[op] - before[op] for op in sorted(set(before) | set(after)) if after[op] != before[op]
+    }
+    return OptimizeResult(
+        src,
+        dst,
+        cfg,
+        records,
+        changes,
+        tag_coverage(optimized),
+        src.stat().st_size,
+        dst.stat().st_size,
+        sidecar,
+        keys,
+    )

@@ -8,12 +8,14 @@ metadata and sidecar carried over. The output is written atomically.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import logging
+import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ __all__ = [
     "quantize_proto",
     "preprocess",
     "excluded_nodes",
+    "restore_float_inputs",
     "quantized_per_module",
     "load_onnx",
     "save_onnx",
@@ -43,10 +46,23 @@ __all__ = [
 log = logging.getLogger(__name__)
 RECORD_KEY = "modelexport.quantization"
 #: Op types that run in integer arithmetic (dynamic and operator-oriented formats).
-QUANT_OPS = {"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QAttention", "QGemm", "QLinearMatMul",
-             "QLinearConv", "QLinearAdd", "QLinearMul", "DynamicQuantizeLSTM", "QEmbedLayerNormalization"}
+QUANT_OPS = {
+    "MatMulInteger",
+    "ConvInteger",
+    "DynamicQuantizeMatMul",
+    "QAttention",
+    "QGemm",
+    "QLinearMatMul",
+    "QLinearConv",
+    "QLinearAdd",
+    "QLinearMul",
+    "DynamicQuantizeLSTM",
+    "QEmbedLayerNormalization",
+}
 #: Nodes a quantizer inserts (they carry scale/zero-point plumbing, not model compute).
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
+
+_GEMM_PARTS = ("_MatMul", "_Add", "_Transpose")
 
 ModeFn = Callable[[Path, Path, QuantizeConfig, list[str], "SampleSet | None"], None]
 QUANT_MODES: dict[str, ModeFn] = {}
@@ -70,12 +86,21 @@ def _qtype(name: str) -> Any:
 
 
 @register_mode("dynamic")
-def _dynamic(model: Path, out: Path, cfg: QuantizeConfig, exclude: list[str], samples: SampleSet | None) -> None:
+def _dynamic(
+    model: Path, out: Path, cfg: QuantizeConfig, exclude: list[str], samples: SampleSet | None
+) -> None:
     """Weights int8 offline, activations quantized at run time (no calibration)."""
     from onnxruntime.quantization import quantize_dynamic
 
-    quantize_dynamic(model, out, op_types_to_quantize=list(cfg.op_types) or None, per_channel=cfg.per_channel,
-                     reduce_range=cfg.reduce_range, weight_type=_qtype(cfg.weight_type), nodes_to_exclude=exclude or None)
+    quantize_dynamic(
+        model,
+        out,
+        op_types_to_quantize=list(cfg.op_types) or None,
+        per_channel=cfg.per_channel,
+        reduce_range=cfg.reduce_range,
+        weight_type=_qtype(cfg.weight_type),
+        nodes_to_exclude=exclude or None,
+    )
 
 
 class _Reader:
@@ -84,8 +109,11 @@ class _Reader:
     def __init__(self, samples: SampleSet, progress: bool) -> None:
         from tqdm.auto import tqdm
 
-        self._iter = iter(samples.feeds)
-        self._bar = tqdm(total=len(samples), desc="calibrating", unit="sample", disable=not progress, leave=False)
+        self._feeds = samples.feeds
+        self._iter = iter(self._feeds)
+        self._bar = tqdm(
+            total=len(samples), desc="calibrating", unit="sample", disable=not progress, leave=False
+        )
 
     def get_next(self) -> dict[str, Any] | None:
         feed = next(self._iter, None)
@@ -95,23 +123,47 @@ class _Reader:
             self._bar.update(1)
         return feed
 
-    def rewind(self) -> None:  # pragma: no cover - ORT calls it only for multi-pass calibrators
-        pass
+    def rewind(self) -> None:
+        """Start over (multi-pass calibrators read the data more than once)."""
+        self._iter = iter(self._feeds)
 
 
 @register_mode("static")
-def _static(model: Path, out: Path, cfg: QuantizeConfig, exclude: list[str], samples: SampleSet | None) -> None:
+def _static(
+    model: Path, out: Path, cfg: QuantizeConfig, exclude: list[str], samples: SampleSet | None
+) -> None:
     """Weights and activations int8 (QDQ format), ranges calibrated on real samples."""
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        quantize_static,
+    )
 
     if samples is None or not len(samples):
-        raise ConfigError("static quantization needs calibration data", hint="pass --calibration-data PATH (text CSV/JSON, image folder or .npz)")
-    method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-              "percentile": CalibrationMethod.Percentile}[cfg.calibrate_method]
+        raise ConfigError(
+            "static quantization needs calibration data",
+            hint="pass --calibration-data PATH (text CSV/JSON, image folder or .npz)",
+        )
+    method = {
+        "minmax": CalibrationMethod.MinMax,
+        "entropy": CalibrationMethod.Entropy,
+        "percentile": CalibrationMethod.Percentile,
+    }[cfg.calibrate_method]
     reader = type("Reader", (_Reader, CalibrationDataReader), {})(samples, cfg.progress)
-    quantize_static(model, out, reader, quant_format=QuantFormat.QDQ, op_types_to_quantize=list(cfg.op_types) or None,
-                    per_channel=cfg.per_channel, reduce_range=cfg.reduce_range, activation_type=_qtype(cfg.activation_type),
-                    weight_type=_qtype(cfg.weight_type), nodes_to_exclude=exclude or None, calibrate_method=method)
+    quantize_static(
+        model,
+        out,
+        reader,
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=list(cfg.op_types) or None,
+        per_channel=cfg.per_channel,
+        reduce_range=cfg.reduce_range,
+        activation_type=_qtype(cfg.activation_type),
+        weight_type=_qtype(cfg.weight_type),
+        nodes_to_exclude=exclude or None,
+        calibrate_method=method,
+    )
 
 
 def load_onnx(path: str | Path) -> Any:
@@ -134,8 +186,21 @@ def save_onnx(model: Any, path: str | Path) -> Path:
     path = Path(path)
     large = model.ByteSize() > 1_800_000_000
     with atomic_path(path) as tmp:
-        onnx.save_model(model, str(tmp), save_as_external_data=large, location=f"{path.name}.data" if large else None)
+        onnx.save_model(
+            model, str(tmp), save_as_external_data=large, location=f"{path.name}.data" if large else None
+        )
     return path
+
+
+@contextlib.contextmanager
+def _cwd(path: str) -> Iterator[None]:
+    """ORT's symbolic shape inference leaves temp files in the current directory when it fails."""
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
 
 
 def preprocess(model: Any, notes: list[str]) -> Any:
@@ -147,7 +212,7 @@ def preprocess(model: Any, notes: list[str]) -> Any:
     from onnxruntime.quantization import quant_pre_process
 
     attempts = ({}, {"skip_symbolic_shape": True})
-    with tempfile.TemporaryDirectory(prefix="modelexport-pre-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="modelexport-pre-") as tmp, _cwd(tmp):
         src, out = save_onnx(model, Path(tmp) / "in.onnx"), Path(tmp) / "pre.onnx"
         for kwargs in attempts:
             try:
@@ -170,13 +235,67 @@ def excluded_nodes(model: Any, patterns: tuple[str, ...]) -> list[str]:
     chosen: list[str] = []
     tags = [({p.key: p.value for p in n.metadata_props}.get(TAG_KEY) or "", n.name) for n in model.graph.node]
     for pattern in patterns:
-        hits = [name for tag, name in tags if tag and (fnmatch.fnmatchcase(tag, pattern) or fnmatch.fnmatchcase(tag, pattern + "/*"))]
+        hits = [
+            name
+            for tag, name in tags
+            if tag and (fnmatch.fnmatchcase(tag, pattern) or fnmatch.fnmatchcase(tag, pattern + "/*"))
+        ]
         if not hits:
             known = sorted({t for t, _ in tags if t}, key=len)[:8]
-            raise ConfigError(f"--exclude-modules {pattern!r} matches no module; modules look like: {', '.join(known)}",
-                              hint="patterns are globs on hierarchy tags, e.g. '*/BertEmbeddings*' or '*LayerNorm*'")
+            raise ConfigError(
+                f"--exclude-modules {pattern!r} matches no module; modules look like: {', '.join(known)}",
+                hint="patterns are globs on hierarchy tags, e.g. '*/BertEmbeddings*' or '*LayerNorm*'",
+            )
         chosen.extend(h for h in hits if h and h not in chosen)
-    return chosen
+    gemms = {n.name for n in model.graph.node if n.op_type == "Gemm"}
+    # ORT's operator-format quantizer rewrites Gemm into <name>_MatMul + <name>_Add before it
+    # applies nodes_to_exclude: exclude those names too, or an excluded Gemm is quantized anyway.
+    return chosen + [f"{g}{suffix}" for g in chosen if g in gemms for suffix in _GEMM_PARTS]
+
+
+def restore_float_inputs(model: Any, names: list[str], original: Any) -> int:
+    """Feed excluded nodes float tensors again; returns the number of inputs rewired.
+
+    ORT's QDQ quantizer rewires *every* consumer of a quantized tensor to the DequantizeLinear
+    output, excluded nodes included (activations, and initializers shared with quantized nodes), so
+    they would compute on int8-rounded values. This pass points them back at the float activation,
+    or at the float initializer copied from ``original``, and drops Q/DQ nodes nobody reads.
+    """
+    by_output = {o: n for n in model.graph.node for o in n.output}
+    originals = {i.name: i for i in original.graph.initializer}
+    present = {i.name for i in model.graph.initializer}
+    float_of: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear":
+            continue
+        q = by_output.get(node.input[0])
+        if q is not None and q.op_type == "QuantizeLinear":
+            float_of[node.output[0]] = q.input[0]
+        elif (base := node.output[0].removesuffix("_DequantizeLinear_Output")) in originals:
+            float_of[node.output[0]] = base
+    wanted, rewired = set(names), 0
+    for node in model.graph.node:
+        if node.name not in wanted:
+            continue
+        for i, name in enumerate(node.input):
+            if name in float_of:
+                node.input[i] = float_of[name]
+                rewired += 1
+                if node.input[i] in originals and node.input[i] not in present:
+                    model.graph.initializer.append(originals[node.input[i]])
+                    present.add(node.input[i])
+    _drop_dead(model, {"QuantizeLinear", "DequantizeLinear"})
+    return rewired
+
+
+def _drop_dead(model: Any, ops: set[str]) -> None:
+    while True:
+        used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+        dead = [n for n in model.graph.node if n.op_type in ops and not any(o in used for o in n.output)]
+        if not dead:
+            return
+        for n in dead:
+            model.graph.node.remove(n)
 
 
 def _module_of(tag: str, depth: int) -> str:
@@ -248,7 +367,9 @@ class QuantizeResult:
         }
 
 
-def quantize_proto(model: Any, cfg: QuantizeConfig, samples: SampleSet | None = None) -> tuple[Any, dict[str, Any]]:
+def quantize_proto(
+    model: Any, cfg: QuantizeConfig, samples: SampleSet | None = None
+) -> tuple[Any, dict[str, Any]]:
     """Quantize a tagged ModelProto in memory; returns (tagged quantized model, facts about the run)."""
     notes: list[str] = []
     work = preprocess(model, notes) if cfg.preprocess else model
@@ -262,13 +383,25 @@ def quantize_proto(model: Any, cfg: QuantizeConfig, samples: SampleSet | None = 
         except Exception as exc:  # noqa: BLE001 - ORT raises bare Exceptions; wrap with the mode
             raise OptimizationError(f"{cfg.mode} quantization failed: {type(exc).__name__}: {exc}") from exc
         quantized = load_onnx(out)
+    if exclude:
+        restore_float_inputs(quantized, exclude, work)
     result = retag(work, quantized)
+    if result.total and not result.by_rule:
+        notes.append(
+            "the input has no hierarchy tags, so neither has the output; export it with modelexport first"
+        )
     record = {**cfg.record(), "excluded_nodes": len(exclude)}
     if samples is not None and cfg.mode == "static":
         record["calibration_samples"] = len(samples)
         record["calibration_kind"] = samples.kind
     keys = carry_metadata(model, quantized, RECORD_KEY, record)
-    facts = {"notes": notes, "exclude": exclude, "retag": result.to_dict(), "metadata_keys": keys, "record": record}
+    facts = {
+        "notes": notes,
+        "exclude": exclude,
+        "retag": result.to_dict(),
+        "metadata_keys": keys,
+        "record": record,
+    }
     return quantized, facts
 
 
@@ -296,14 +429,27 @@ def quantize(
         raise ConfigError(f"output {dst} would overwrite the input model", hint="choose another -o path")
     model = load_onnx(src)
     if samples is None and cfg.calibration_data:
-        samples = load_samples(cfg.calibration_data, model, src, cfg.calibration_samples, tokenizer=cfg.tokenizer, seed=cfg.seed)
+        samples = load_samples(
+            cfg.calibration_data, model, src, cfg.calibration_samples, tokenizer=cfg.tokenizer, seed=cfg.seed
+        )
     quantized, facts = quantize_proto(model, cfg, samples)
     save_onnx(quantized, dst)
     sidecar = write_sidecar(read_sidecar(src), quantized, dst, {"kind": "quantize", **facts["record"]})
     result = QuantizeResult(
-        src, dst, cfg, src.stat().st_size, dst.stat().st_size, len(model.graph.node), len(quantized.graph.node),
-        facts["exclude"], quantized_per_module(quantized), tag_coverage(quantized), facts["retag"],
-        facts["metadata_keys"], sidecar, notes=facts["notes"],
+        src,
+        dst,
+        cfg,
+        src.stat().st_size,
+        dst.stat().st_size,
+        len(model.graph.node),
+        len(quantized.graph.node),
+        facts["exclude"],
+        quantized_per_module(quantized),
+        tag_coverage(quantized),
+        facts["retag"],
+        facts["metadata_keys"],
+        sidecar,
+        notes=facts["notes"],
     )
     if samples is not None:
         result.calibration = {"kind": samples.kind, "samples": len(samples), "method": cfg.calibrate_method}
@@ -312,17 +458,28 @@ def quantize(
     return result
 
 
-def _evaluate(result: QuantizeResult, model: Any, quantized: Any, samples: SampleSet | None,
-              eval_data: str | Path | None, eval_samples: int, error_report: bool) -> None:
+def _evaluate(
+    result: QuantizeResult,
+    model: Any,
+    quantized: Any,
+    samples: SampleSet | None,
+    eval_data: str | Path | None,
+    eval_samples: int,
+    error_report: bool,
+) -> None:
     from .evaluate import compare_models, module_error_report
 
     cfg = result.config
     evals = None
     if eval_data is not None:
-        evals = load_samples(eval_data, model, result.input_path, eval_samples, tokenizer=cfg.tokenizer, seed=cfg.seed + 1)
+        evals = load_samples(
+            eval_data, model, result.input_path, eval_samples, tokenizer=cfg.tokenizer, seed=cfg.seed + 1
+        )
         result.evaluation = compare_models(model, quantized, evals)
     if error_report:
         data = samples or evals
         if data is None:
-            raise ConfigError("--error-report needs samples to run", hint="pass --calibration-data or --eval-data")
+            raise ConfigError(
+                "--error-report needs samples to run", hint="pass --calibration-data or --eval-data"
+            )
         result.error_report = module_error_report(model, quantized, data)

@@ -137,7 +137,9 @@ def retag(before: Any, after: Any) -> RetagResult:
     """Give every node of ``after`` (a ModelProto, changed in place) a tag derived from ``before``."""
     ref = _index_before(before)
     nodes = list(after.graph.node)
-    result = RetagResult(total=len(nodes), untagged_before=sum(1 for n in before.graph.node if not _props(n).get(TAG_KEY)))
+    result = RetagResult(
+        total=len(nodes), untagged_before=sum(1 for n in before.graph.node if not _props(n).get(TAG_KEY))
+    )
     if ref.root is None:
         return result  # nothing to carry: the input has no tags
     kept_names = {n.name for n in nodes if n.name in ref.tag_by_name}
@@ -173,4 +175,9 @@ def tag_coverage(model: Any) -> dict[str, Any]:
     missing = [node_key(n, i) for i, n in enumerate(model.graph.node) if not _props(n).get(TAG_KEY)]
     total = len(model.graph.node)
     pct = 100.0 if not total else round(100.0 * (total - len(missing)) / total, 3)
-    return {"total_nodes": total, "tagged_nodes": total - len(missing), "coverage_pct": pct, "untagged": missing[:20]}
+    return {
+        "total_nodes": total,
+        "tagged_nodes": total - len(missing),
+        "coverage_pct": pct,
+        "untagged": missing[:20],
+    }
