@@ -99,7 +99,12 @@ def call_instances(index: Any, members: list[int], count: int | None) -> list[li
     owner = {i: k for k, c in enumerate(chunks) for i in c}
     for i in members:
         if i not in owner:
-            users = [c for t in index.outputs[i] for c in index.consumers.get(t, []) if c in member_set and c in owner]
+            users = [
+                c
+                for t in index.outputs[i]
+                for c in index.consumers.get(t, [])
+                if c in member_set and c in owner
+            ]
             chunks[owner[min(users)] if users else 0].append(i)
     return [sorted(c) for c in chunks]
 
@@ -157,7 +162,8 @@ class _Boundary:
     boundary_ops: list[str]
 
 
-def _boundary(model: Any, index: Any, nodes: list[int]) -> _Boundary:
+def _boundary(model: Any, index: Any, nodes: list[int], copied: set[int]) -> _Boundary:
+    """Inputs, outputs and internal tensors of ``nodes``; ``copied`` constants never make outputs."""
     chosen = set(nodes)
     produced = {t: i for i in nodes for t in index.outputs[i]}
     graph_outputs = set(index.graph_outputs)
@@ -178,7 +184,7 @@ def _boundary(model: Any, index: Any, nodes: list[int]) -> _Boundary:
     outputs, internal = [], []
     for t, i in produced.items():
         outside = any(c not in chosen for c in index.consumers.get(t, []))
-        if outside or t in graph_outputs:
+        if i not in copied and (outside or t in graph_outputs):
             outputs.append(t)
             ops.add(i)
         else:
@@ -191,8 +197,18 @@ def _value_infos(model: Any, names: set[str]) -> dict[str, Any]:
     import onnx
 
     g = model.graph
-    known = {v.name: v for v in list(g.input) + list(g.output) + list(g.value_info) if v.type.HasField("tensor_type")}
-    known.update({i.name: onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims)) for i in g.initializer if i.name in names})
+    known = {
+        v.name: v
+        for v in list(g.input) + list(g.output) + list(g.value_info)
+        if v.type.HasField("tensor_type")
+    }
+    known.update(
+        {
+            i.name: onnx.helper.make_tensor_value_info(i.name, i.data_type, list(i.dims))
+            for i in g.initializer
+            if i.name in names
+        }
+    )
     missing = {n for n in names if n not in known or not known[n].type.tensor_type.elem_type}
     if missing:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
@@ -205,7 +221,10 @@ def _typed(name: str, infos: dict[str, Any]) -> Any:
 
     vi = infos.get(name)
     if vi is None or not vi.type.tensor_type.elem_type:
-        raise ExportError(f"cannot determine the type of tensor {name!r} at the module boundary", hint="run onnx shape inference on the model first")
+        raise ExportError(
+            f"cannot determine the type of tensor {name!r} at the module boundary",
+            hint="run onnx shape inference on the model first",
+        )
     out = onnx.ValueInfoProto()
     out.CopyFrom(vi)
     return out
@@ -230,21 +249,29 @@ def _build_model(model: Any, index: Any, nodes: list[int], b: _Boundary, tag: st
         onnx.checker.check_model(sub)
         return onnx.shape_inference.infer_shapes(sub, strict_mode=False)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise ExportError(f"the subgraph of {tag} is not a valid ONNX model: {str(exc).splitlines()[0]}") from exc
+        raise ExportError(
+            f"the subgraph of {tag} is not a valid ONNX model: {str(exc).splitlines()[0]}"
+        ) from exc
 
 
-def _select_call(index: Any, tag: str, members: list[int], count: int | None, call: int | str) -> tuple[list[int], int | None, int, list[str]]:
+def _select_call(
+    index: Any, tag: str, members: list[int], count: int | None, call: int | str
+) -> tuple[list[int], int | None, int, list[str]]:
     if call == "all":
         return members, None, count or 1, []
     instances = call_instances(index, members, count)
     if instances is None:
         if call not in (0, None):
-            raise TagError(f"{tag} is called {count} times but its nodes do not split into equal call sites; use call='all'")
+            raise TagError(
+                f"{tag} is called {count} times but its nodes do not split into equal call sites; use call='all'"
+            )
         note = f"{tag} is called {count} times but its nodes do not split into equal calls; extracted all call sites together"
         return members, None, count or 1, [note]
     call = 0 if call is None else call
     if not isinstance(call, int) or not 0 <= call < len(instances):
-        raise TagError(f"call {call!r} is out of range: {tag} has {len(instances)} call site(s) (0..{len(instances) - 1}, or 'all')")
+        raise TagError(
+            f"call {call!r} is out of range: {tag} has {len(instances)} call site(s) (0..{len(instances) - 1}, or 'all')"
+        )
     notes = [f"{tag} is called {len(instances)} times; extracted call {call}"] if len(instances) > 1 else []
     return instances[call], call, len(instances), notes
 
@@ -258,7 +285,7 @@ def _sidecar_call_count(sidecar: dict[str, Any] | None, path: str | None) -> int
 
 def extract_module_subgraph(
     onnx_model: Any,
-    hierarchy_metadata: dict[str, Any] | str | os.PathLike[str] | None,
+    hierarchy_metadata: dict[str, Any] | str | os.PathLike[str] | bool | None,
     target_module: str,
     *,
     call: int | str = 0,
@@ -266,8 +293,9 @@ def extract_module_subgraph(
     """Extract ``target_module`` (a tag like ``/BertModel/BertEncoder/BertLayer.0`` or a module path).
 
     ``onnx_model``: a ``ModelProto``, a path or an export folder. ``hierarchy_metadata``: the sidecar
-    (dict or path), or ``None`` to read everything from the node tags. ``call``: which call site of a
-    module called several times (0-based), or ``"all"``.
+    (dict or path); ``None`` uses the one beside a model file if there is one, ``False`` ignores it (the
+    node tags alone suffice). ``call``: which call site of a module called several times (0-based), or
+    ``"all"``.
     """
     from ..inspect.graph import resolve_module
     from ..inspect.loading import load_tagged_model
@@ -275,19 +303,35 @@ def extract_module_subgraph(
     tm = load_tagged_model(onnx_model, hierarchy=hierarchy_metadata)
     index, sidecar = tm.index, tm.sidecar
     if not index.node_tags:
-        raise TagError(f"{tm.name} has no hierarchy tags; nothing to extract by module", hint="export it with modelexport first")
+        raise TagError(
+            f"{tm.name} has no hierarchy tags; nothing to extract by module",
+            hint="export it with modelexport first",
+        )
     tag = resolve_module(target_module, index, sidecar)
     path = (sidecar or {}).get("tags", {}).get(tag)
     members = index.nodes_within(tag)
-    nodes, call_index, count, notes = _select_call(index, tag, members, _sidecar_call_count(sidecar, path), call)
+    nodes, call_index, count, notes = _select_call(
+        index, tag, members, _sidecar_call_count(sidecar, path), call
+    )
     pulled = _constant_closure(tm.proto, index, set(nodes))
     selected = sorted(set(nodes) | set(pulled))
-    b = _boundary(tm.proto, index, selected)
+    b = _boundary(tm.proto, index, selected, set(pulled))
     if not b.outputs:
         raise TagError(f"{tag} produces no tensor that is used outside it; nothing to extract")
     sub = _build_model(tm.proto, index, selected, b, tag)
     ops = [{"name": index.keys[i], "op_type": index.op_types[i], "tag": index.tags[i]} for i in selected]
     return ModuleSubgraph(
-        tag, path, ops, b.inputs, b.outputs, b.internal, b.boundary_ops, b.weights,
-        [index.keys[i] for i in pulled], call_index, count, sub, notes,
+        tag,
+        path,
+        ops,
+        b.inputs,
+        b.outputs,
+        b.internal,
+        b.boundary_ops,
+        b.weights,
+        [index.keys[i] for i in pulled],
+        call_index,
+        count,
+        sub,
+        notes,
     )

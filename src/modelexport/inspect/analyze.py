@@ -129,13 +129,17 @@ def analyze_model(tm: TaggedModel, config: AnalyzeConfig | None = None) -> Analy
     cfg = config or AnalyzeConfig()
     index = tm.index
     stats = _module_stats(tm)
-    shown = [s for t, s in sorted(stats.items()) if cfg.matches(t) and (cfg.depth is None or s.depth <= cfg.depth)]
+    shown = [
+        s for t, s in sorted(stats.items()) if cfg.matches(t) and (cfg.depth is None or s.depth <= cfg.depth)
+    ]
     rows = [
         {"node": k, "op_type": op, "tag": tag, "source": src}
         for k, op, tag, src in zip(index.keys, index.op_types, index.tags, index.sources, strict=True)
         if tag is None or cfg.matches(tag)
     ]
-    notes = [] if index.tagged_count else ["this model has no hierarchy tags: only op statistics are available"]
+    notes = (
+        [] if index.tagged_count else ["this model has no hierarchy tags: only op statistics are available"]
+    )
     if cfg.filter_tag and index.tagged_count and not shown:
         notes.append(f"no module tag matches {cfg.filter_tag!r}")
     return Analysis(
@@ -158,7 +162,7 @@ def analyze_model(tm: TaggedModel, config: AnalyzeConfig | None = None) -> Analy
 def analyze(model: Any, config: AnalyzeConfig | None = None, **options: Any) -> Analysis:
     """Load ``model`` (path, folder or ModelProto) without its external weights and analyze it."""
     cfg = config or AnalyzeConfig(**options)
-    return analyze_model(load_tagged_model(model, load_external_data=False), cfg)
+    return analyze_model(load_tagged_model(model, weights=False), cfg)
 
 
 # -- renderers -----------------------------------------------------------------------------------
@@ -198,14 +202,19 @@ def _summary(a: Analysis) -> str:
         top = min(s.depth for s in a.modules)
         for s in a.modules:
             name = "  " * (s.depth - top) + s.tag.rsplit("/", 1)[-1]
-            lines.append(f"{name:<60} {s.nodes:>6} {s.total_nodes:>6} {_human(s.total_parameters):>8}  {_ops(s.total_op_types, 4)}")
+            lines.append(
+                f"{name:<60} {s.nodes:>6} {s.total_nodes:>6} {_human(s.total_parameters):>8}  {_ops(s.total_op_types, 4)}"
+            )
     return "\n".join(lines) + "\n"
 
 
 @renderer("analyze", "detailed")
 def _detailed(a: Analysis) -> str:
     lines = _header(a) + ["", f"{'node':<40} {'op_type':<22} {'source':<11} tag"]
-    lines += [f"{r['node']:<40} {r['op_type']:<22} {r['source'] or '-':<11} {r['tag'] or '(untagged)'}" for r in a.nodes]
+    lines += [
+        f"{r['node']:<40} {r['op_type']:<22} {r['source'] or '-':<11} {r['tag'] or '(untagged)'}"
+        for r in a.nodes
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -218,8 +227,34 @@ def _json(a: Analysis) -> str:
 def _csv(a: Analysis) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf)
-    writer.writerow(["tag", "module_path", "depth", "nodes", "total_nodes", "parameters", "total_parameters", "bytes", "total_bytes", "op_types"])
+    writer.writerow(
+        [
+            "tag",
+            "module_path",
+            "depth",
+            "nodes",
+            "total_nodes",
+            "parameters",
+            "total_parameters",
+            "bytes",
+            "total_bytes",
+            "op_types",
+        ]
+    )
     for s in a.modules:
         ops = ";".join(f"{k}={v}" for k, v in s.op_types.items())
-        writer.writerow([s.tag, s.module_path or "", s.depth, s.nodes, s.total_nodes, s.parameters, s.total_parameters, s.bytes, s.total_bytes, ops])
+        writer.writerow(
+            [
+                s.tag,
+                s.module_path or "",
+                s.depth,
+                s.nodes,
+                s.total_nodes,
+                s.parameters,
+                s.total_parameters,
+                s.bytes,
+                s.total_bytes,
+                ops,
+            ]
+        )
     return buf.getvalue()

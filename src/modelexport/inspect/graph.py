@@ -128,6 +128,11 @@ class GraphIndex:
 def close_matches(query: str, candidates: list[str], n: int = 5) -> list[str]:
     """Candidates that look like ``query`` (difflib ratio, then substring hits)."""
     found = difflib.get_close_matches(query, candidates, n=n, cutoff=0.6)
+    by_last: dict[str, list[str]] = defaultdict(list)
+    for c in candidates:
+        by_last[c.rstrip("/").rsplit("/", 1)[-1]].append(c)
+    for key in difflib.get_close_matches(query.strip("/").rsplit("/", 1)[-1], list(by_last), n=n, cutoff=0.6):
+        found += [c for c in by_last[key] if c not in found]
     lowered = query.lower().strip("/")
     found += [c for c in candidates if lowered and lowered in c.lower() and c not in found]
     return found[:n]

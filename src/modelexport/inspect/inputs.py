@@ -11,18 +11,32 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputSpecError
+from ..errors import InferenceError, InputSpecError
 
-__all__ = ["generate_inputs", "load_npz_inputs", "DYNAMIC_BATCH", "DYNAMIC_DIM", "INT_RANGE"]
+__all__ = [
+    "generate_inputs",
+    "index_limits",
+    "load_npz_inputs",
+    "run_session",
+    "DYNAMIC_BATCH",
+    "DYNAMIC_DIM",
+    "INT_RANGE",
+]
 
 DYNAMIC_BATCH = 1
 DYNAMIC_DIM = 16
 INT_RANGE = (0, 100)
 
 _ORT_TYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
-    "tensor(bool)": "bool", "tensor(int16)": "int16",
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+    "tensor(int16)": "int16",
 }
 
 
@@ -34,7 +48,10 @@ def _specs(sidecar: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
 def _shape(declared: list[Any], spec: dict[str, Any] | None) -> list[int]:
     if spec and len(spec.get("shape", [])) == len(declared):
         return [int(d) for d in spec["shape"]]
-    return [d if isinstance(d, int) and d > 0 else (DYNAMIC_BATCH if k == 0 else DYNAMIC_DIM) for k, d in enumerate(declared)]
+    return [
+        d if isinstance(d, int) and d > 0 else (DYNAMIC_BATCH if k == 0 else DYNAMIC_DIM)
+        for k, d in enumerate(declared)
+    ]
 
 
 def _values(rng: Any, shape: list[int], dtype: str, spec: dict[str, Any] | None) -> Any:
@@ -48,20 +65,81 @@ def _values(rng: Any, shape: list[int], dtype: str, spec: dict[str, Any] | None)
     return rng.standard_normal(shape).astype(dtype)
 
 
-def generate_inputs(session: Any, sidecar: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
-    """One input per session input, shaped by the sidecar's specs or the declared shape."""
+_PASS_THROUGH = ("Cast", "Identity", "DequantizeLinear", "Unsqueeze", "Reshape", "Flatten", "Squeeze")
+
+
+def _rows(model: Any, producers: dict[str, Any], name: str) -> int | None:
+    """First dimension of a table tensor: an initializer, possibly behind Cast/DequantizeLinear."""
+    for _ in range(8):
+        init = next((i for i in model.graph.initializer if i.name == name), None)
+        if init is not None:
+            return int(init.dims[0]) if init.dims else None
+        node = producers.get(name)
+        if node is None or node.op_type not in _PASS_THROUGH:
+            return None
+        name = node.input[0]
+    return None
+
+
+def index_limits(model: Any) -> dict[str, int]:
+    """Graph input -> the row count of the smallest table it indexes with ``Gather`` (ids stay in range)."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    consumers: dict[str, list[Any]] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    limits: dict[str, int] = {}
+    for inp in model.graph.input:
+        frontier, seen = [inp.name], set()
+        while frontier:
+            t = frontier.pop()
+            seen.add(t)
+            for n in consumers.get(t, []):
+                if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == t:
+                    rows = _rows(model, producers, n.input[0])
+                    if rows:
+                        limits[inp.name] = min(rows, limits.get(inp.name, rows))
+                elif n.op_type in _PASS_THROUGH and n.input[0] == t:
+                    frontier += [o for o in n.output if o not in seen]
+    return limits
+
+
+def generate_inputs(
+    session: Any, sidecar: dict[str, Any] | None = None, seed: int = 0, model: Any = None
+) -> dict[str, Any]:
+    """One input per session input, shaped by the sidecar's specs or the declared shape.
+
+    Without a spec, integer inputs that index a table (``Gather``) of ``model`` stay below its row count.
+    """
     import numpy as np
 
     rng = np.random.default_rng(seed)
     specs = _specs(sidecar)
+    limits = index_limits(model) if model is not None else {}
     out = {}
     for arg in session.get_inputs():
         dtype = _ORT_TYPES.get(arg.type)
         if dtype is None:
-            raise InputSpecError(f"cannot generate input {arg.name!r} of type {arg.type}", hint="pass --inputs FILE.npz")
+            raise InputSpecError(
+                f"cannot generate input {arg.name!r} of type {arg.type}", hint="pass --inputs FILE.npz"
+            )
         spec = specs.get(arg.name)
+        if spec is None and arg.name in limits:
+            spec = {"range": [0, min(limits[arg.name], INT_RANGE[1])]}
         out[arg.name] = _values(rng, _shape(list(arg.shape), spec), dtype, spec)
     return out
+
+
+def run_session(session: Any, feed: dict[str, Any], outputs: list[str] | None = None) -> list[Any]:
+    """``session.run`` with ONNX Runtime's failures turned into one-line InferenceErrors."""
+    try:
+        return session.run(outputs, feed)
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types for bad inputs
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InferenceError(
+            f"ONNX Runtime failed to run the model: {first}",
+            hint="pass matching inputs with --inputs FILE.npz",
+        ) from exc
 
 
 def load_npz_inputs(path: str | os.PathLike[str], session: Any | None = None) -> dict[str, Any]:
@@ -70,7 +148,9 @@ def load_npz_inputs(path: str | os.PathLike[str], session: Any | None = None) ->
 
     path = Path(path)
     if not path.is_file():
-        raise InputSpecError(f"inputs file not found: {path}", hint="pass an .npz made with numpy.savez(path, name=array, ...)")
+        raise InputSpecError(
+            f"inputs file not found: {path}", hint="pass an .npz made with numpy.savez(path, name=array, ...)"
+        )
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -80,6 +160,8 @@ def load_npz_inputs(path: str | os.PathLike[str], session: Any | None = None) ->
         wanted = [a.name for a in session.get_inputs()]
         missing = [n for n in wanted if n not in arrays]
         if missing:
-            raise InputSpecError(f"{path} lacks inputs {missing}; the model takes {wanted}, the file has {sorted(arrays)}")
+            raise InputSpecError(
+                f"{path} lacks inputs {missing}; the model takes {wanted}, the file has {sorted(arrays)}"
+            )
         arrays = {n: arrays[n] for n in wanted}
     return arrays

@@ -30,6 +30,8 @@ class TaggedModel:
     path: Path | None = None
     sidecar: dict[str, Any] | None = None
     sidecar_path: Path | None = None
+    #: False when loaded for statistics only: initializers carry names, dims and dtypes but no values.
+    has_weights: bool = True
 
     @cached_property
     def index(self) -> GraphIndex:
@@ -53,11 +55,15 @@ def load_sidecar(path: PathLike) -> dict[str, Any]:
     """Read a ``model_hierarchy.json``; MetadataError when it is not one."""
     path = Path(path)
     if not path.is_file():
-        raise OnnxFileError(f"hierarchy file not found: {path}", hint="pass the model_hierarchy.json written by export")
+        raise OnnxFileError(
+            f"hierarchy file not found: {path}", hint="pass the model_hierarchy.json written by export"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MetadataError(f"{path} is not valid JSON: {exc}", hint="re-export, or drop the broken sidecar") from exc
+        raise MetadataError(
+            f"{path} is not valid JSON: {exc}", hint="re-export, or drop the broken sidecar"
+        ) from exc
     if not isinstance(data, dict) or "nodes" not in data or "tags" not in data:
         raise MetadataError(f"{path} is not a modelexport hierarchy file (no 'nodes'/'tags')")
     return data
@@ -73,22 +79,35 @@ def _resolve_path(path: PathLike) -> Path:
             return candidates[0]
         raise OnnxFileError(f"{path} is a folder with {len(candidates)} .onnx files; name the file to use")
     if not path.exists():
-        raise OnnxFileError(f"ONNX model not found: {path}", hint="check the path (an export folder holds model.onnx)")
+        raise OnnxFileError(
+            f"ONNX model not found: {path}", hint="check the path (an export folder holds model.onnx)"
+        )
     if path.stat().st_size == 0:
         raise OnnxFileError(f"{path} is empty (0 bytes)")
     return path
 
 
-def _parse(path: Path, load_external_data: bool) -> Any:
+def _parse(path: Path, weights: bool) -> Any:
     import onnx
     from google.protobuf.message import DecodeError
 
+    from ._wire import load_structure
+
+    proto = None
+    if not weights:
+        try:
+            proto = load_structure(path)
+        except (ValueError, IndexError, DecodeError, OSError):  # let protobuf name the problem below
+            proto = None
     try:
-        proto = onnx.load(str(path), load_external_data=load_external_data)
+        proto = proto if proto is not None else onnx.load(str(path), load_external_data=weights)
     except DecodeError as exc:
         raise OnnxFileError(f"{path} is not an ONNX model or is truncated/corrupted ({exc})") from exc
-    except (FileNotFoundError, OSError) as exc:
-        raise OnnxFileError(f"cannot read {path} or its external data: {exc}") from exc
+    except (FileNotFoundError, OSError, onnx.checker.ValidationError) as exc:
+        raise OnnxFileError(
+            f"cannot read {path} or its external data: {exc}",
+            hint="keep the model's external data file(s) beside it, under the names recorded in the model",
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - onnx raises assorted types for damaged files
         raise OnnxFileError(f"{path} cannot be parsed as ONNX: {type(exc).__name__}: {exc}") from exc
     problems = []
@@ -107,11 +126,13 @@ def load_tagged_model(
     model: PathLike | Any,
     *,
     hierarchy: PathLike | dict[str, Any] | bool | None = None,
-    load_external_data: bool = True,
+    weights: bool = True,
 ) -> TaggedModel:
     """Load a model (path, export folder or ``ModelProto``) and its sidecar.
 
     ``hierarchy``: a sidecar dict or path; ``None`` looks beside the model; ``False`` ignores it.
+    ``weights=False`` reads the structure only (no tensor values, external data not loaded): the
+    fast path for statistics on large models.
     """
     if hasattr(model, "graph"):
         sidecar = hierarchy if isinstance(hierarchy, dict) else None
@@ -119,12 +140,12 @@ def load_tagged_model(
             sidecar = load_sidecar(hierarchy)
         return TaggedModel(model, None, sidecar, None)
     path = _resolve_path(model)
-    proto = _parse(path, load_external_data)
+    proto = _parse(path, weights)
     if hierarchy is False:
-        return TaggedModel(proto, path)
+        return TaggedModel(proto, path, has_weights=weights)
     if isinstance(hierarchy, dict):
-        return TaggedModel(proto, path, hierarchy)
+        return TaggedModel(proto, path, hierarchy, has_weights=weights)
     side = Path(hierarchy) if hierarchy else sidecar_path_for(path)
     if hierarchy is None and not side.is_file():
-        return TaggedModel(proto, path)
-    return TaggedModel(proto, path, load_sidecar(side), side)
+        return TaggedModel(proto, path, has_weights=weights)
+    return TaggedModel(proto, path, load_sidecar(side), side, has_weights=weights)

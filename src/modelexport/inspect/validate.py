@@ -46,7 +46,13 @@ class ValidationReport:
         return not any(f.severity == "error" for f in self.findings)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "ok": self.ok, "checks": self.checks, "findings": [asdict(f) for f in self.findings], **self.extra}
+        return {
+            "model": self.model,
+            "ok": self.ok,
+            "checks": self.checks,
+            "findings": [asdict(f) for f in self.findings],
+            **self.extra,
+        }
 
 
 Check = Callable[[TaggedModel], list[Finding]]
@@ -67,10 +73,16 @@ def _onnx_checker(tm: TaggedModel) -> list[Finding]:
     """Full ``onnx.checker`` with strict shape inference; from the path so external data is found."""
     import onnx
 
+    errors = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
     try:
         onnx.checker.check_model(str(tm.path) if tm.path else tm.proto, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        return [Finding("onnx_checker", "error", str(exc).strip().splitlines()[0])]
+    except errors as exc:
+        if not (tm.path and "external tensors" in str(exc)):
+            return [Finding("onnx_checker", "error", str(exc).strip().splitlines()[0])]
+        try:  # shape inference cannot read external data by path: check the loaded model instead
+            onnx.checker.check_model(onnx.load(str(tm.path)), full_check=True)
+        except errors as again:
+            return [Finding("onnx_checker", "error", str(again).strip().splitlines()[0])]
     return []
 
 
@@ -78,16 +90,26 @@ def _onnx_checker(tm: TaggedModel) -> list[Finding]:
 def _tag_format(tm: TaggedModel) -> list[Finding]:
     index = tm.index
     if not index.tagged_count:
-        return [Finding("tag_format", "error", "no node carries a hierarchy tag (not exported by modelexport?)")]
+        return [
+            Finding("tag_format", "error", "no node carries a hierarchy tag (not exported by modelexport?)")
+        ]
     out = []
     bad = sorted({t for t in index.node_tags if not TAG_PATTERN.match(t)})
     out += [Finding("tag_format", "error", f"malformed tag {t!r}") for t in bad[:20]]
     untagged = [k for k, t in zip(index.keys, index.tags, strict=True) if not t]
     if untagged:
-        out.append(Finding("tag_format", "error", f"{len(untagged)} untagged node(s): {', '.join(untagged[:5])}"))
-    sources = sorted({s for s, t in zip(index.sources, index.tags, strict=True) if t and s not in KNOWN_SOURCES})
+        out.append(
+            Finding("tag_format", "error", f"{len(untagged)} untagged node(s): {', '.join(untagged[:5])}")
+        )
+    sources = sorted(
+        {s for s, t in zip(index.sources, index.tags, strict=True) if t and s not in KNOWN_SOURCES}
+    )
     if sources:
-        out.append(Finding("tag_format", "warning", f"unknown tag sources {sources}; known: {', '.join(KNOWN_SOURCES)}"))
+        out.append(
+            Finding(
+                "tag_format", "warning", f"unknown tag sources {sources}; known: {', '.join(KNOWN_SOURCES)}"
+            )
+        )
     return out
 
 
@@ -117,9 +139,15 @@ def _tag_tree(tm: TaggedModel) -> list[Finding]:
     out += [Finding("tag_tree", "warning", f"ambiguous instance suffix: {c}") for c in _sibling_clashes(tags)]
     known = set((tm.sidecar or {}).get("tags") or {})
     if known:
-        out += [Finding("tag_tree", "error", f"tag {t} is not a module of the sidecar's module tree") for t in sorted(tags - known)[:20]]
+        out += [
+            Finding("tag_tree", "error", f"tag {t} is not a module of the sidecar's module tree")
+            for t in sorted(tags - known)[:20]
+        ]
         orphans = sorted(t for t in known if t.count("/") > 1 and t.rpartition("/")[0] not in known)
-        out += [Finding("tag_tree", "error", f"parent of {t} is missing from the module tree") for t in orphans[:20]]
+        out += [
+            Finding("tag_tree", "error", f"parent of {t} is missing from the module tree")
+            for t in orphans[:20]
+        ]
     return out
 
 
@@ -133,7 +161,9 @@ def _tensor_findings(tm: TaggedModel) -> list[Finding]:
     for name in sorted(set(recorded) & set(actual)):
         r, a = recorded[name], actual[name]
         if r.get("producer") != a["producer"] or sorted(r.get("consumers") or []) != sorted(a["consumers"]):
-            out.append(Finding("consistency", "error", f"tensor {name!r}: sidecar tags differ from the graph edges"))
+            out.append(
+                Finding("consistency", "error", f"tensor {name!r}: sidecar tags differ from the graph edges")
+            )
     return out[:30]
 
 
@@ -141,17 +171,39 @@ def _tensor_findings(tm: TaggedModel) -> list[Finding]:
 def _consistency(tm: TaggedModel) -> list[Finding]:
     """Node metadata vs ``model_hierarchy.json``: same nodes, same tags and op types, same tensor tags."""
     if tm.sidecar is None:
-        return [Finding("consistency", "error", "no model_hierarchy.json beside the model (pass --hierarchy FILE)")]
+        return [
+            Finding(
+                "consistency", "error", "no model_hierarchy.json beside the model (pass --hierarchy FILE)"
+            )
+        ]
     index, nodes = tm.index, tm.sidecar.get("nodes") or {}
     keys = set(index.keys)
-    out = [Finding("consistency", "error", f"node {k!r} is in the sidecar but not in the graph") for k in sorted(set(nodes) - keys)[:10]]
-    out += [Finding("consistency", "error", f"node {k!r} is in the graph but not in the sidecar") for k in sorted(keys - set(nodes))[:10]]
+    out = [
+        Finding("consistency", "error", f"node {k!r} is in the sidecar but not in the graph")
+        for k in sorted(set(nodes) - keys)[:10]
+    ]
+    out += [
+        Finding("consistency", "error", f"node {k!r} is in the graph but not in the sidecar")
+        for k in sorted(keys - set(nodes))[:10]
+    ]
     for key, tag, op in zip(index.keys, index.tags, index.op_types, strict=True):
         entry = nodes.get(key)
         if entry and entry.get("tag") != tag:
-            out.append(Finding("consistency", "error", f"node {key!r}: tag {tag!r} in the graph, {entry.get('tag')!r} in the sidecar"))
+            out.append(
+                Finding(
+                    "consistency",
+                    "error",
+                    f"node {key!r}: tag {tag!r} in the graph, {entry.get('tag')!r} in the sidecar",
+                )
+            )
         elif entry and entry.get("op_type") not in (None, op):
-            out.append(Finding("consistency", "error", f"node {key!r}: op {op} in the graph, {entry.get('op_type')} in the sidecar"))
+            out.append(
+                Finding(
+                    "consistency",
+                    "error",
+                    f"node {key!r}: op {op} in the graph, {entry.get('op_type')} in the sidecar",
+                )
+            )
     return out[:50] + _tensor_findings(tm)
 
 
@@ -170,7 +222,7 @@ def validate_model(tm: TaggedModel, checks: tuple[str, ...] = DEFAULT_CHECKS) ->
 
 def validate(model: Any, *, check_consistency: bool = False, hierarchy: Any = None) -> ValidationReport:
     """Validate a model file (or ModelProto); ``check_consistency`` adds the sidecar comparison."""
-    tm = load_tagged_model(model, hierarchy=hierarchy, load_external_data=False)
+    tm = load_tagged_model(model, hierarchy=hierarchy, weights=False)
     checks = DEFAULT_CHECKS + (("consistency",) if check_consistency else ())
     return validate_model(tm, checks)
 
@@ -215,7 +267,18 @@ def _sidecar_from_nodes(tm: TaggedModel) -> list[str]:
     return changes
 
 
-def repair(model: Any, *, direction: str = "nodes", hierarchy: Any = None, output: str | None = None) -> RepairResult:
+def _load_for_rewrite(tm: TaggedModel, target: Path) -> TaggedModel:
+    """Full model for saving to ``target``: external data stays external when it stays in the same folder."""
+    import onnx
+
+    same_dir = target.resolve().parent == tm.path.resolve().parent
+    proto = onnx.load(str(tm.path), load_external_data=not same_dir)
+    return TaggedModel(proto, tm.path, tm.sidecar, tm.sidecar_path)
+
+
+def repair(
+    model: Any, *, direction: str = "nodes", hierarchy: Any = None, output: str | None = None
+) -> RepairResult:
     """``nodes``: rewrite node tags from the sidecar; ``sidecar``: rewrite the sidecar from the nodes.
 
     Writes only when something changed: the model to ``output`` (default: in place), or the sidecar in place.
@@ -224,18 +287,23 @@ def repair(model: Any, *, direction: str = "nodes", hierarchy: Any = None, outpu
 
     if direction not in ("nodes", "sidecar"):
         raise ConfigError(f"repair direction must be 'nodes' or 'sidecar', got {direction!r}")
-    tm = load_tagged_model(model, hierarchy=hierarchy)
-    if tm.sidecar is None or tm.path is None:
-        raise TagError(f"cannot repair {tm.name}: no model_hierarchy.json beside it", hint="pass --hierarchy FILE")
-    if direction == "nodes":
-        changes, target = _nodes_from_sidecar(tm), Path(output or tm.path)
-        if changes:
-            with atomic_path(target) as tmp:
-                onnx.save_model(tm.proto, str(tmp))
-    else:
+    tm = load_tagged_model(model, hierarchy=hierarchy, weights=False)
+    if tm.sidecar is None or tm.path is None or (direction == "sidecar" and tm.sidecar_path is None):
+        raise TagError(
+            f"cannot repair {tm.name}: no model_hierarchy.json file beside it", hint="pass --hierarchy FILE"
+        )
+    if direction == "sidecar":
         changes, target = _sidecar_from_nodes(tm), tm.sidecar_path
         if changes:
             write_json(target, tm.sidecar)
+        return RepairResult(direction, str(target) if changes else None, changes)
+    target = Path(output or tm.path)
+    changes = _nodes_from_sidecar(tm)
+    if changes:
+        full = _load_for_rewrite(tm, target)
+        _nodes_from_sidecar(full)
+        with atomic_path(target) as tmp:
+            onnx.save_model(full.proto, str(tmp))
     return RepairResult(direction, str(target) if changes else None, changes)
 
 
