@@ -20,7 +20,7 @@ import onnx
 from onnx import helper
 
 from ..errors import TestTimeError
-from ..runtime.session import create_session
+from ..runtime.session import SessionConfig, create_session
 from .graph import add_outputs, expose_initializers, initializer_arrays, load_model, write_initializers
 
 __all__ = ["BNLayer", "BNAdapter", "BNState", "find_bn_layers"]
@@ -59,10 +59,14 @@ def find_bn_layers(model: onnx.ModelProto) -> list[BNLayer]:
         x, *params = list(node.input)[:5]
         missing = [p for p in params if p not in inits]
         if missing:
-            raise TestTimeError(f"BatchNormalization {node.name or i}: parameters {missing} are not initializers; cannot adapt them")
+            raise TestTimeError(
+                f"BatchNormalization {node.name or i}: parameters {missing} are not initializers; cannot adapt them"
+            )
         shared = seen.intersection(params)
         if shared:
-            raise TestTimeError(f"BatchNormalization {node.name or i} shares parameters {sorted(shared)} with another BN node")
+            raise TestTimeError(
+                f"BatchNormalization {node.name or i} shares parameters {sorted(shared)} with another BN node"
+            )
         seen.update(params)
         eps = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), 1e-5)
         layers.append(BNLayer(node.name or f"bn_{i}", x, *params, float(eps)))
@@ -79,21 +83,31 @@ def channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class BNAdapter:
     """Adapt BN statistics to a test batch with ONNX Runtime; one shared session, state passed per call."""
 
-    def __init__(self, model: Any, providers: list[str] | tuple[str, ...] | None = None, graph_optimization_level: str = "all") -> None:
+    def __init__(
+        self,
+        model: Any,
+        providers: list[str] | tuple[str, ...] | None = None,
+        session_config: SessionConfig | None = None,
+    ) -> None:
         self.source = load_model(model)
         self.layers = find_bn_layers(self.source)
         if not self.layers:
-            raise TestTimeError("the model has no BatchNormalization nodes: BN adaptation and Tent do not apply", hint=NO_BN_HINT)
+            raise TestTimeError(
+                "the model has no BatchNormalization nodes: BN adaptation and Tent do not apply",
+                hint=NO_BN_HINT,
+            )
         names = [p for layer in self.layers for p in layer.params]
         self.source_state: BNState = initializer_arrays(self.source, names)
         self.output_names = [o.name for o in self.source.graph.output]
         working = add_outputs(expose_initializers(self.source, names), [layer.x for layer in self.layers])
         self.working_model = working
         self.session, self.session_info = create_session(
-            working, providers=tuple(providers or ()), graph_optimization_level=graph_optimization_level
+            working, session_config, **({"providers": tuple(providers)} if providers else {})
         )
 
-    def run(self, feeds: dict[str, np.ndarray], state: BNState | None = None, outputs: list[str] | None = None) -> list[np.ndarray]:
+    def run(
+        self, feeds: dict[str, np.ndarray], state: BNState | None = None, outputs: list[str] | None = None
+    ) -> list[np.ndarray]:
         """Run with the given state (missing entries: the source values)."""
         return self.session.run(outputs or self.output_names, {**feeds, **(state or {})})
 
@@ -106,14 +120,21 @@ class BNAdapter:
         return stats
 
     def adapt(
-        self, feeds: dict[str, np.ndarray], prior: BNState | None = None, momentum: float = 1.0, iterations: int = 1
+        self,
+        feeds: dict[str, np.ndarray],
+        prior: BNState | None = None,
+        momentum: float = 1.0,
+        iterations: int | None = None,
     ) -> BNState:
-        """A new state from ``prior`` (default: the source) blended with this batch's statistics."""
+        """A new state from ``prior`` (default: the source) blended with this batch's statistics.
+
+        ``iterations`` None: one pass per BN layer (exact train-mode statistics for momentum 1).
+        """
         if not 0.0 < momentum <= 1.0:
             raise TestTimeError(f"momentum must be in (0, 1], got {momentum}")
         prior = {**self.source_state, **(prior or {})}
         state = dict(prior)
-        for _ in range(max(1, iterations)):
+        for _ in range(self.exact_iterations() if iterations is None else max(1, iterations)):
             stats = self.batch_statistics(feeds, state)
             for name, value in stats.items():
                 blended = (1.0 - momentum) * prior[name].astype(np.float64) + momentum * value

@@ -18,7 +18,16 @@ import numpy as np
 from ..errors import TestTimeError
 from .registry import Registry
 
-__all__ = ["MODALITIES", "TRANSFORMS", "Transform", "register_transform", "transforms_for", "make_views", "resize_bilinear"]
+__all__ = [
+    "MODALITIES",
+    "TRANSFORMS",
+    "Transform",
+    "get_transform",
+    "make_views",
+    "register_transform",
+    "resize_bilinear",
+    "transforms_for",
+]
 
 MODALITIES = ("image", "text", "tensor")
 
@@ -74,7 +83,9 @@ def get_transform(name: str, modality: str) -> Transform:
     return TRANSFORMS.get(key)
 
 
-def make_views(batch: Any, names: tuple[str, ...] | list[str], modality: str, seed: int = 0) -> tuple[list[Any], list[Transform], list[int]]:
+def make_views(
+    batch: Any, names: tuple[str, ...] | list[str], modality: str, seed: int = 0
+) -> tuple[list[Any], list[Transform], list[int]]:
     """All views of ``batch``: (views, the transform of each view, the view index within its transform)."""
     rng = np.random.default_rng(seed)
     views: list[Any] = []
@@ -94,7 +105,9 @@ def make_views(batch: Any, names: tuple[str, ...] | list[str], modality: str, se
 
 def _square(x: np.ndarray, name: str) -> None:
     if x.shape[-1] != x.shape[-2]:
-        raise TestTimeError(f"image TTA {name!r} needs square images, got H x W = {x.shape[-2]} x {x.shape[-1]}")
+        raise TestTimeError(
+            f"image TTA {name!r} needs square images, got H x W = {x.shape[-2]} x {x.shape[-1]}"
+        )
 
 
 def resize_bilinear(x: np.ndarray, height: int, width: int) -> np.ndarray:

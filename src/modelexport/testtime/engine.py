@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 
 from ..errors import InferenceError, TestTimeError
-from ..runtime.session import create_session
+from ..runtime.session import SessionConfig, create_session
 from .adapt import BNAdapter, BNState
 from .aggregate import aggregate, softmax
 from .augment import make_views
@@ -66,6 +67,7 @@ class TestTimeEngine:
         torch_model: Any = None,
         input_name: str | None = None,
         output_name: str | None = None,
+        session_config: SessionConfig | None = None,
     ) -> None:
         self.policy = policy or TestTimePolicy()
         self.torch_model = torch_model
@@ -73,10 +75,12 @@ class TestTimeEngine:
         working = enable_mc_dropout(source, self.policy.seed) if self.policy.mc_dropout else source
         self.adapter: BNAdapter | None = None
         if self.policy.ttt != "none":
-            self.adapter = BNAdapter(working, providers)
+            self.adapter = BNAdapter(working, providers, session_config)
             self.session, self.session_info = self.adapter.session, self.adapter.session_info
         else:
-            self.session, self.session_info = create_session(working, providers=tuple(providers or ()))
+            self.session, self.session_info = create_session(
+                working, session_config, **({"providers": tuple(providers)} if providers else {})
+            )
         inits = {t.name for t in source.graph.initializer}
         self.inputs = [i for i in source.graph.input if i.name not in inits]
         self.input_name = input_name or self.inputs[0].name
@@ -114,9 +118,13 @@ class TestTimeEngine:
             return self.session.run([self.output_name], feeds)[0]
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime's errors are re-raised with the input names
             names = ", ".join(f"{i.name}" for i in self.inputs)
-            raise InferenceError(f"running the model failed ({type(exc).__name__}: {exc}); model inputs: {names}") from exc
+            raise InferenceError(
+                f"running the model failed ({type(exc).__name__}: {exc}); model inputs: {names}"
+            ) from exc
 
-    def _forward(self, feeds: dict[str, np.ndarray], state: BNState | None) -> tuple[np.ndarray, MCDropoutResult | None]:
+    def _forward(
+        self, feeds: dict[str, np.ndarray], state: BNState | None
+    ) -> tuple[np.ndarray, MCDropoutResult | None]:
         """Logits of one view (B, C); with MC dropout the log of the pass-averaged probabilities."""
         passes = self.policy.mc_dropout
         if not passes:
@@ -139,13 +147,17 @@ class TestTimeEngine:
         if p.ttt == "bn":
             state = self.adapter.adapt(feeds, prior, p.momentum, p.ttt_iterations)
         else:
-            state = tent_adapt(self.adapter, feeds, prior, p.learning_rate, p.ttt_iterations, self.torch_model)
+            state = tent_adapt(
+                self.adapter, feeds, prior, p.learning_rate, p.ttt_iterations, self.torch_model
+            )
         if not p.episodic:
             stream.state = state
             stream.batches += 1
         return state
 
-    def _views_logits(self, feeds: dict[str, np.ndarray], state: BNState | None) -> tuple[np.ndarray, int, bool]:
+    def _views_logits(
+        self, feeds: dict[str, np.ndarray], state: BNState | None
+    ) -> tuple[np.ndarray, int, bool]:
         """Stacked logits (K, B, ...) of every TTA view of the array input, de-augmented where dense."""
         x = feeds[self.input_name]
         n = len(x)
@@ -153,13 +165,15 @@ class TestTimeEngine:
         shapes = {v.shape for v in views}
         batched = self.dynamic_batch and self.policy.batched and len(shapes) == 1
         if batched:
-            big = {k: (np.concatenate(views) if k == self.input_name else np.concatenate([v] * len(views))) if _batched(v, n) else v for k, v in feeds.items()}
+            big = {k: np.concatenate([v] * len(views)) if _batched(v, n) else v for k, v in feeds.items()}
             big[self.input_name] = np.concatenate(views)
             out, _ = self._forward(big, state)
             logits = out.reshape(len(views), n, *out.shape[1:])
         else:
             logits = np.stack([self._forward({**feeds, self.input_name: v}, state)[0] for v in views])
-        if logits.ndim >= 4 and logits.shape[-2:] == x.shape[-2:]:  # dense NCHW output: undo each view's transform
+        if (
+            logits.ndim >= 4 and logits.shape[-2:] == x.shape[-2:]
+        ):  # dense NCHW output: undo each view's transform
             bad = sorted({t.name for t in owners if not t.invertible})
             if bad:
                 raise TestTimeError(f"dense outputs need invertible TTA transforms; {bad} cannot be undone")
@@ -170,24 +184,30 @@ class TestTimeEngine:
         """Predict one batch with the policy; returns probabilities and what was spent."""
         missing = [i.name for i in self.inputs if i.name not in feeds]
         if missing:
-            raise InferenceError(f"missing model inputs {missing}; the model takes {[i.name for i in self.inputs]}")
+            raise InferenceError(
+                f"missing model inputs {missing}; the model takes {[i.name for i in self.inputs]}"
+            )
         stream = stream or self._default_stream
-        with stream.lock:
+        if self.policy.episodic:  # nothing shared: concurrent calls adapt independently
             state = self._adapt(feeds, stream)
-        logits, uncertainty = self._forward(feeds, state) if not self.policy.tta_transforms or self.policy.adaptive_threshold else (None, None)
-        class_axis = 1 if logits is not None and logits.ndim == 4 else -1
+        else:
+            with stream.lock:
+                state = self._adapt(feeds, stream)
+        adapted = state is not None
         if not self.policy.tta_transforms:
-            return TestTimeResult(softmax(logits, class_axis), 1, 0, state is not None, uncertainty)
+            logits, uncertainty = self._forward(feeds, state)
+            return TestTimeResult(softmax(logits, 1 if logits.ndim == 4 else -1), 1, 0, adapted, uncertainty)
         if self.modality == "text":
             raise TestTimeError("text TTA works on strings: call predict_texts(texts, processor)")
-        if self.policy.adaptive_threshold is None:
-            views, k, batched = self._views_logits(feeds, state)
-            cls = 1 if views.ndim == 5 else -1
-            return TestTimeResult(aggregate(views, self.policy.tta_aggregate, cls), k, len(views[0]), state is not None, None, batched)
-        return self._adaptive(feeds, state, logits, uncertainty)
+        if self.policy.adaptive_threshold is not None:
+            return self._adaptive(feeds, state)
+        views, k, batched = self._views_logits(feeds, state)
+        probs = aggregate(views, self.policy.tta_aggregate, 1 if views.ndim == 5 else -1)
+        return TestTimeResult(probs, k, len(probs), adapted, None, batched)
 
-    def _adaptive(self, feeds: dict[str, np.ndarray], state: BNState | None, logits: np.ndarray, uncertainty: Any) -> TestTimeResult:
+    def _adaptive(self, feeds: dict[str, np.ndarray], state: BNState | None) -> TestTimeResult:
         """Augment only the rows whose plain prediction is less confident than the threshold."""
+        logits, uncertainty = self._forward(feeds, state)
         probs = softmax(logits, -1)
         low = np.flatnonzero(probs.max(axis=-1) < self.policy.adaptive_threshold)
         k, batched = 1, True
@@ -198,6 +218,12 @@ class TestTimeEngine:
             probs = probs.copy()
             probs[low] = aggregate(views, self.policy.tta_aggregate, -1)
         return TestTimeResult(probs.astype(np.float32), k, len(low), state is not None, uncertainty, batched)
+
+    def adapted_model(self, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
+        """A copy of the model with this batch's BN / Tent adaptation written into its initializers (to save or ship)."""
+        if self.adapter is None:
+            raise TestTimeError("the policy adapts nothing (ttt=none); use ttt='bn' or 'tent'")
+        return self.adapter.adapted_model(self._adapt(feeds, Stream()) or {})
 
     def predict(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> np.ndarray:
         """Probabilities (N, C) (dense outputs: (N, C, H, W))."""

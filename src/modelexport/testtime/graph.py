@@ -53,7 +53,11 @@ def load_model(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.
 def initializer_arrays(model: onnx.ModelProto, names: list[str] | None = None) -> dict[str, np.ndarray]:
     """Initializers as numpy arrays (all, or the named ones)."""
     wanted = set(names) if names is not None else None
-    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if wanted is None or t.name in wanted}
+    return {
+        t.name: numpy_helper.to_array(t)
+        for t in model.graph.initializer
+        if wanted is None or t.name in wanted
+    }
 
 
 def expose_initializers(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
@@ -115,5 +119,3 @@ def constant_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
                 if attr.name in ("value_float", "value_int", "value_floats", "value_ints"):
                     return np.asarray(helper.get_attribute_value(attr))
     return None
-
-

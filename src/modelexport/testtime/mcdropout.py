@@ -23,7 +23,9 @@ from .graph import constant_value, load_model
 
 __all__ = ["enable_mc_dropout", "MCDropoutResult", "mc_summary"]
 
-NO_DROPOUT_HINT = "export with dropout kept active: ExportConfig.keep_dropout=True (`modelexport export --keep-dropout`)"
+NO_DROPOUT_HINT = (
+    "export with dropout kept active: ExportConfig.keep_dropout=True (`modelexport export --keep-dropout`)"
+)
 
 
 def enable_mc_dropout(model: Any, seed: int = 0) -> onnx.ModelProto:
@@ -40,12 +42,24 @@ def enable_mc_dropout(model: Any, seed: int = 0) -> onnx.ModelProto:
         ratio = _ratio(src, node)
         x, y, p = node.input[0], node.output[0], f"mc_dropout_{k}"
         nodes += [
-            helper.make_node("RandomUniformLike", [x], [f"{p}_u"], dtype=TensorProto.FLOAT, seed=float(seed * 1000 + k)),
-            helper.make_node("Constant", [], [f"{p}_ratio"], value=helper.make_tensor(f"{p}_r", TensorProto.FLOAT, [], [ratio])),
+            helper.make_node(
+                "RandomUniformLike", [x], [f"{p}_u"], dtype=TensorProto.FLOAT, seed=float(seed * 1000 + k)
+            ),
+            helper.make_node(
+                "Constant",
+                [],
+                [f"{p}_ratio"],
+                value=helper.make_tensor(f"{p}_r", TensorProto.FLOAT, [], [ratio]),
+            ),
             helper.make_node("GreaterOrEqual", [f"{p}_u", f"{p}_ratio"], [f"{p}_keep"]),
             helper.make_node("CastLike", [f"{p}_keep", x], [f"{p}_mask"]),
             helper.make_node("Mul", [x, f"{p}_mask"], [f"{p}_dropped"]),
-            helper.make_node("Constant", [], [f"{p}_scale"], value=helper.make_tensor(f"{p}_s", TensorProto.FLOAT, [], [1.0 / (1.0 - ratio)])),
+            helper.make_node(
+                "Constant",
+                [],
+                [f"{p}_scale"],
+                value=helper.make_tensor(f"{p}_s", TensorProto.FLOAT, [], [1.0 / (1.0 - ratio)]),
+            ),
             helper.make_node("CastLike", [f"{p}_scale", x], [f"{p}_scale_t"]),
             helper.make_node("Mul", [f"{p}_dropped", f"{p}_scale_t"], [y]),
         ]
@@ -61,7 +75,9 @@ def _ratio(model: onnx.ModelProto, node: onnx.NodeProto) -> float:
     if len(node.input) > 1 and node.input[1]:
         value = constant_value(model, node.input[1])
         if value is None:
-            raise TestTimeError(f"Dropout {node.name}: its ratio is computed at run time; MC dropout needs a constant ratio")
+            raise TestTimeError(
+                f"Dropout {node.name}: its ratio is computed at run time; MC dropout needs a constant ratio"
+            )
         ratio = float(np.asarray(value).reshape(-1)[0])
     else:
         ratio = float(next((helper.get_attribute_value(a) for a in node.attribute if a.name == "ratio"), 0.5))
@@ -73,7 +89,9 @@ def _ratio(model: onnx.ModelProto, node: onnx.NodeProto) -> float:
 def _ensure_opset(model: onnx.ModelProto, minimum: int) -> None:
     for op in model.opset_import:
         if op.domain in ("", "ai.onnx") and op.version < minimum:
-            raise TestTimeError(f"MC dropout needs opset >= {minimum} (CastLike); the model has opset {op.version}")
+            raise TestTimeError(
+                f"MC dropout needs opset >= {minimum} (CastLike); the model has opset {op.version}"
+            )
 
 
 @dataclass(frozen=True)

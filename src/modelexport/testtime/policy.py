@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import TestTimeError
 from .aggregate import AGGREGATORS
-from .augment import MODALITIES, TRANSFORMS, transforms_for
+from .augment import MODALITIES, transforms_for
 from .registry import Registry
 
 __all__ = ["TestTimePolicy", "ADAPTATION_METHODS", "POLICY_PRESETS", "policy_preset"]
@@ -38,7 +38,9 @@ class TestTimePolicy:
     #: Run all views in one batch when the batch axis is dynamic (sequential otherwise).
     batched: bool = True
     ttt: str = "none"
-    ttt_iterations: int = 1
+    #: BN: statistics passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
+    #: Tent: gradient steps per batch (None: 1, as in the paper).
+    ttt_iterations: int | None = None
     momentum: float = 1.0
     learning_rate: float = 1e-3
     #: Reset the adaptation after every batch (False: a stream keeps adapting).
@@ -52,17 +54,22 @@ class TestTimePolicy:
             names = tuple(n.strip() for n in names.split(",") if n.strip())
         object.__setattr__(self, "tta_transforms", tuple(names))
         if self.modality not in (*MODALITIES, "auto"):
-            raise TestTimeError(f"modality must be one of auto, {', '.join(MODALITIES)}, got {self.modality!r}")
-        valid = transforms_for(self.modality) if self.modality != "auto" else sorted({k.split(":", 1)[1] for k in TRANSFORMS})
-        unknown = [n for n in self.tta_transforms if n not in valid]
+            raise TestTimeError(
+                f"modality must be one of auto, {', '.join(MODALITIES)}, got {self.modality!r}"
+            )
+        modalities = MODALITIES if self.modality == "auto" else (self.modality,)
+        unknown = [n for n in self.tta_transforms if not any(n in transforms_for(m) for m in modalities)]
         if unknown:
-            where = f"{self.modality} " if self.modality != "auto" else ""
-            raise TestTimeError(f"unknown {where}TTA transform(s) {unknown}; valid: {', '.join(valid)}")
+            valid = "; ".join(f"{m}: {', '.join(transforms_for(m))}" for m in modalities)
+            raise TestTimeError(
+                f"unknown TTA transform(s) {unknown}; valid ({valid})",
+                hint="choose --tta-transforms from the list",
+            )
         AGGREGATORS.get(self.tta_aggregate)
         ADAPTATION_METHODS.get(self.ttt)
         if self.adaptive_threshold is not None and not 0.0 < self.adaptive_threshold <= 1.0:
             raise TestTimeError(f"adaptive_threshold must be in (0, 1], got {self.adaptive_threshold}")
-        if self.ttt_iterations < 1:
+        if self.ttt_iterations is not None and self.ttt_iterations < 1:
             raise TestTimeError(f"ttt_iterations must be >= 1, got {self.ttt_iterations}")
         if not 0.0 < self.momentum <= 1.0:
             raise TestTimeError(f"momentum must be in (0, 1], got {self.momentum}")
@@ -100,8 +107,8 @@ class TestTimePolicy:
 POLICY_PRESETS: dict[str, TestTimePolicy] = {
     "none": TestTimePolicy(),
     "flip": TestTimePolicy(tta_transforms=("identity", "hflip"), modality="image"),
-    "bn": TestTimePolicy(ttt="bn", ttt_iterations=2),
-    "flip+bn": TestTimePolicy(tta_transforms=("identity", "hflip"), modality="image", ttt="bn", ttt_iterations=2),
+    "bn": TestTimePolicy(ttt="bn"),
+    "flip+bn": TestTimePolicy(tta_transforms=("identity", "hflip"), modality="image", ttt="bn"),
     "tent": TestTimePolicy(ttt="tent"),
     "mc-dropout": TestTimePolicy(mc_dropout=16),
 }

@@ -4,7 +4,8 @@ Gradients need PyTorch. With the source torch model, a deep copy is adapted (BN 
 statistics, everything else stays in eval mode). Without it, the ONNX graph is run by
 :class:`OnnxTorchModule`, a small ONNX -> torch interpreter limited to the operators of convolutional
 classifiers (listed in ``SUPPORTED_OPS``). We wrote it because ``onnx2torch`` requires torchvision
-(not installable here) and ``onnx2pytorch`` is unmaintained; an unsupported operator raises a
+(not installable here) and ``onnx2pytorch`` documents that batches > 1 with BatchNorm are only "experimental"
+and that training converted models is untested, which is exactly what Tent does; an unsupported operator raises a
 :class:`TestTimeError` naming it. Updated scale/bias go back into the BN state; the batch statistics
 under those parameters are then measured by ONNX Runtime (:class:`BNAdapter`), so prediction runs there.
 """
@@ -55,7 +56,15 @@ def _conv(node: onnx.NodeProto, x: Any, w: Any, b: Any = None) -> Any:
     if not sym:
         x = _spatial(x, pads, n)
     fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[n]
-    return fn(x, w, b, a.get("strides", [1] * n), pads[:n] if sym else 0, a.get("dilations", [1] * n), a.get("group", 1))
+    return fn(
+        x,
+        w,
+        b,
+        a.get("strides", [1] * n),
+        pads[:n] if sym else 0,
+        a.get("dilations", [1] * n),
+        a.get("group", 1),
+    )
 
 
 def _pool(node: onnx.NodeProto, x: Any, kind: str) -> Any:
@@ -69,9 +78,22 @@ def _pool(node: onnx.NodeProto, x: Any, kind: str) -> Any:
         if not sym:
             x = _spatial(x, pads, n, float("-inf"))
         fn = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}[n]
-        return fn(x, k, a.get("strides", k), pads[:n] if sym else 0, a.get("dilations", [1] * n), bool(a.get("ceil_mode", 0)))
+        return fn(
+            x,
+            k,
+            a.get("strides", k),
+            pads[:n] if sym else 0,
+            a.get("dilations", [1] * n),
+            bool(a.get("ceil_mode", 0)),
+        )
+    if not sym:
+        raise TestTimeError(
+            "AveragePool with asymmetric pads is not supported by the ONNX -> torch interpreter"
+        )
     fn = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[n]
-    return fn(x, k, a.get("strides", k), pads[:n], bool(a.get("ceil_mode", 0)), bool(a.get("count_include_pad", 0)))
+    return fn(
+        x, k, a.get("strides", k), pads[:n], bool(a.get("ceil_mode", 0)), bool(a.get("count_include_pad", 0))
+    )
 
 
 def _gemm(node: onnx.NodeProto, a: Any, b: Any, c: Any = None) -> Any:
@@ -101,8 +123,9 @@ def _flatten(node: onnx.NodeProto, x: Any) -> Any:
 
 
 def _unsqueeze(node: onnx.NodeProto, x: Any, axes: Any = None) -> Any:
-    dims = sorted(int(v) % (x.dim() + 1) for v in (axes.tolist() if axes is not None else _attrs(node)["axes"]))
-    for d in dims:
+    raw = [int(v) for v in (axes.tolist() if axes is not None else _attrs(node)["axes"])]
+    rank = x.dim() + len(raw)  # negative axes count from the end of the output
+    for d in sorted(v % rank for v in raw):
         x = x.unsqueeze(d)
     return x
 
@@ -110,6 +133,12 @@ def _unsqueeze(node: onnx.NodeProto, x: Any, axes: Any = None) -> Any:
 def _squeeze(node: onnx.NodeProto, x: Any, axes: Any = None) -> Any:
     dims = axes.tolist() if axes is not None else _attrs(node).get("axes")
     return x.squeeze() if dims is None else x.squeeze(tuple(int(d) for d in dims))
+
+
+def _concat(node: onnx.NodeProto, *xs: Any) -> Any:
+    import torch
+
+    return torch.cat(xs, dim=_attrs(node)["axis"])
 
 
 #: ONNX op -> fn(node, *torch inputs) -> torch output (single-output ops; BatchNormalization is the module's own).
@@ -134,7 +163,7 @@ SUPPORTED_OPS: dict[str, Callable[..., Any]] = {
     "Transpose": lambda n, x: x.permute(*_attrs(n).get("perm", list(reversed(range(x.dim()))))),
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
-    "Concat": lambda n, *xs: __import__("torch").cat(xs, dim=_attrs(n)["axis"]),
+    "Concat": _concat,
     "Identity": lambda n, x: x,
     "Dropout": lambda n, x, *rest: x,  # Tent adapts the deterministic (eval) network
     "BatchNormalization": None,  # handled by OnnxTorchModule._bn
@@ -158,7 +187,9 @@ class OnnxTorchModule:
         self.model = model
         self.train_bn = train_bn
         state = state or {}
-        bn_params = {p for n in model.graph.node if n.op_type == "BatchNormalization" for p in list(n.input)[1:3]}
+        bn_params = {
+            p for n in model.graph.node if n.op_type == "BatchNormalization" for p in list(n.input)[1:3]
+        }
         self.values: dict[str, Any] = {}
         self.parameters: dict[str, torch.nn.Parameter] = {}
         for t in model.graph.initializer:
@@ -170,7 +201,9 @@ class OnnxTorchModule:
             self.values[t.name] = tensor
         for node in model.graph.node:
             if node.op_type == "Constant":
-                self.values[node.output[0]] = torch.from_numpy(np.array(constant_value(model, node.output[0])))
+                self.values[node.output[0]] = torch.from_numpy(
+                    np.array(constant_value(model, node.output[0]))
+                )
 
     def _bn(self, node: onnx.NodeProto, x: Any, scale: Any, bias: Any, mean: Any, var: Any) -> Any:
         import torch.nn.functional as F
@@ -184,7 +217,12 @@ class OnnxTorchModule:
         import torch
 
         env = dict(self.values)
-        env.update({k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v)) for k, v in feeds.items()})
+        env.update(
+            {
+                k: v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
+                for k, v in feeds.items()
+            }
+        )
         for node in self.model.graph.node:
             if node.op_type == "Constant":
                 continue
@@ -201,7 +239,9 @@ def _entropy_loss(logits: Any) -> Any:
     return -(log_p.exp() * log_p).sum(dim=-1).mean()
 
 
-def _tent_torch_model(torch_model: Any, x: Any, adapter: BNAdapter, state: BNState, lr: float, steps: int) -> BNState:
+def _tent_torch_model(
+    torch_model: Any, x: Any, adapter: BNAdapter, state: BNState, lr: float, steps: int
+) -> BNState:
     """Tent on a deep copy of the source torch model; BN modules are matched to ONNX BN nodes by name."""
     import torch
 
@@ -251,17 +291,20 @@ def tent_adapt(
     feeds: dict[str, np.ndarray],
     prior: BNState | None = None,
     learning_rate: float = 1e-3,
-    steps: int = 1,
+    steps: int | None = 1,
     torch_model: Any = None,
 ) -> BNState:
     """A BN state after ``steps`` Tent updates on this batch: new scale/bias, then batch statistics under them."""
     import torch
 
     state = {**adapter.source_state, **(prior or {})}
+    steps = 1 if steps is None else steps
     with torch.enable_grad():
         if torch_model is not None:
             if len(feeds) != 1:
-                raise TestTimeError("Tent with a torch model supports single-input models; leave torch_model out")
+                raise TestTimeError(
+                    "Tent with a torch model supports single-input models; leave torch_model out"
+                )
             x = torch.from_numpy(np.asarray(next(iter(feeds.values()))))
             state = _tent_torch_model(torch_model, x, adapter, state, learning_rate, steps)
         else:
@@ -270,4 +313,4 @@ def tent_adapt(
             _optimize(lambda: module(tfeeds)[0], list(module.parameters.values()), learning_rate, steps)
             for name, p in module.parameters.items():
                 state[name] = p.detach().numpy().astype(state[name].dtype)
-    return adapter.adapt(feeds, prior=state, momentum=1.0, iterations=adapter.exact_iterations())
+    return adapter.adapt(feeds, prior=state, momentum=1.0, iterations=None)

@@ -1,0 +1,130 @@
+"""``modelexport evaluate MODEL --data PATH``: measure a test-time policy (accuracy, latency, throughput)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+__all__ = ["evaluate_cmd"]
+
+
+def _table(result: Any) -> str:
+    rows = [("configuration", result)] + ([("baseline (plain)", result.baseline)] if result.baseline else [])
+    head = f"{'':18} {'accuracy':>9} {'p50 ms':>9} {'p95 ms':>9} {'per s':>9} {'views':>6}"
+    lines = [head]
+    for name, r in rows:
+        lines.append(
+            f"{name:18} {r.accuracy:9.4f} {r.latency_ms_p50:9.2f} {r.latency_ms_p95:9.2f} {r.throughput_per_s:9.1f} {r.n_views:6d}"
+        )
+    p = result.policy
+    lines.append(
+        f"n={result.n}, batch size {result.batch_size}, provider {result.provider}; "
+        f"tta={','.join(p['tta_transforms']) or '-'} ({p['tta_aggregate']}), ttt={p['ttt']}, mc_dropout={p['mc_dropout']}"
+    )
+    if result.n_augmented and p.get("adaptive_threshold"):
+        lines.append(f"adaptive TTA augmented {result.n_augmented} of {result.n} examples")
+    if result.mean_entropy is not None:
+        lines.append(f"MC dropout mean predictive entropy: {result.mean_entropy:.4f} nats")
+    return "\n".join(lines)
+
+
+@click.command("evaluate")
+@click.argument("model", type=click.Path(exists=True))
+@click.option(
+    "--data",
+    "data",
+    required=True,
+    help="Image folder, CSV/JSON/JSONL (text,label), .npz (x, y) or sklearn:digits.",
+)
+@click.option(
+    "--tta-transforms",
+    default="",
+    help="Comma list of TTA transforms, e.g. identity,hflip (unknown names list the valid ones).",
+)
+@click.option(
+    "--tta-aggregate",
+    default="mean",
+    show_default=True,
+    help="mean, mean_logits, geometric_mean, max, median, vote, tsharpen.",
+)
+@click.option(
+    "--tta-threshold",
+    type=float,
+    default=None,
+    help="Adaptive TTA: augment only examples less confident than this.",
+)
+@click.option(
+    "--ttt",
+    type=click.Choice(["none", "bn", "tent"]),
+    default="none",
+    show_default=True,
+    help="Test-time adaptation.",
+)
+@click.option(
+    "--ttt-iterations",
+    type=int,
+    default=None,
+    help="BN passes (default: one per BN layer) or Tent steps (default 1).",
+)
+@click.option(
+    "--momentum", type=float, default=1.0, show_default=True, help="BN blend: 1 = test-batch statistics only."
+)
+@click.option(
+    "--learning-rate", type=float, default=1e-3, show_default=True, help="Tent learning rate (Adam)."
+)
+@click.option(
+    "--mc-dropout",
+    type=int,
+    default=0,
+    show_default=True,
+    help="MC-dropout passes (needs an export with --keep-dropout).",
+)
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--baseline", is_flag=True, help="Also measure the plain model.")
+@click.option("--ep", "providers", default=None, help="Execution providers in order, e.g. cuda,cpu.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def evaluate_cmd(
+    model: str,
+    data: str,
+    tta_transforms: str,
+    tta_aggregate: str,
+    tta_threshold: float | None,
+    ttt: str,
+    ttt_iterations: int | None,
+    momentum: float,
+    learning_rate: float,
+    mc_dropout: int,
+    batch_size: int,
+    seed: int,
+    baseline: bool,
+    providers: str | None,
+    fmt: str,
+) -> int:
+    """Accuracy, latency p50/p95 and throughput of MODEL (folder or .onnx) with a test-time policy on --data."""
+    from ..testtime.evaluate import evaluate
+    from ..testtime.policy import TestTimePolicy
+
+    policy = TestTimePolicy(
+        tta_transforms=tta_transforms,
+        tta_aggregate=tta_aggregate,
+        adaptive_threshold=tta_threshold,
+        ttt=ttt,
+        ttt_iterations=ttt_iterations,
+        momentum=momentum,
+        learning_rate=learning_rate,
+        mc_dropout=mc_dropout,
+        seed=seed,
+    )
+    result = evaluate(
+        model,
+        data,
+        policy,
+        batch_size=batch_size,
+        baseline=baseline,
+        providers=[p for p in (providers or "").split(",") if p],
+    )
+    click.echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else _table(result))
+    return 0

@@ -1,0 +1,77 @@
+"""Test-time compute on ONNX Runtime: augmentation, adaptation, iterative inference, MC dropout, ensembles.
+
+Stable public API (other parts of modelexport and users build on these names)::
+
+    from modelexport.testtime import TestTimeEngine, TestTimePolicy
+
+    policy = TestTimePolicy(tta_transforms=("identity", "hflip"), tta_aggregate="mean", ttt="bn")
+    engine = TestTimeEngine("out/model.onnx", policy, providers=None)     # folder, .onnx, bytes or ModelProto
+    probs = engine.predict({"x": batch})                                   # (N, C) probabilities
+    result = engine.run({"x": batch})                                      # + n_views, n_augmented, uncertainty
+    probs = engine.predict_texts(texts, processor)                         # text TTA (strings, then tokenize)
+    stream = engine.new_stream(); engine.run(feeds, stream)                # non-episodic adaptation per client
+    model = engine.adapted_model(feeds)                                    # BN/Tent state written into a copy
+
+- ``TestTimePolicy`` (frozen, validated; ``to_dict``/``from_dict``; presets in ``POLICY_PRESETS``): TTA transforms
+  and aggregator, ``modality`` (auto/image/text/tensor), ``adaptive_threshold``, ``batched``, ``ttt``
+  (none/bn/tent), ``ttt_iterations``, ``momentum``, ``learning_rate``, ``episodic``, ``mc_dropout``, ``seed``.
+- Registries joined by decorator: ``TRANSFORMS`` (``register_transform``), ``AGGREGATORS``
+  (``register_aggregator``), ``ADAPTATION_METHODS``, ``CORRUPTIONS``.
+- Building blocks: ``BNAdapter`` (BN statistics in ONNX Runtime), ``tent_adapt`` / ``OnnxTorchModule`` (Tent),
+  ``enable_mc_dropout`` / ``mc_summary``, ``iterate`` / ``build_loop_model`` (external loop and ONNX Loop),
+  ``Ensemble``, ``evaluate`` (what ``modelexport evaluate`` runs), ``corrupt`` (robustness data).
+"""
+
+from __future__ import annotations
+
+from .adapt import BNAdapter, BNLayer, BNState, find_bn_layers
+from .aggregate import AGGREGATORS, aggregate, entropy, register_aggregator, softmax
+from .augment import MODALITIES, TRANSFORMS, Transform, make_views, register_transform, transforms_for
+from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
+from .engine import Stream, TestTimeEngine, TestTimeResult
+from .ensemble import Ensemble
+from .evaluate import EvaluationResult, evaluate
+from .iterative import IterationResult, build_loop_model, iterate
+from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
+from .policy import ADAPTATION_METHODS, POLICY_PRESETS, TestTimePolicy, policy_preset
+from .tent import SUPPORTED_OPS, OnnxTorchModule, tent_adapt
+
+__all__ = [
+    "ADAPTATION_METHODS",
+    "AGGREGATORS",
+    "BNAdapter",
+    "BNLayer",
+    "BNState",
+    "CORRUPTIONS",
+    "Ensemble",
+    "EvaluationResult",
+    "IterationResult",
+    "MCDropoutResult",
+    "MODALITIES",
+    "OnnxTorchModule",
+    "POLICY_PRESETS",
+    "SEVERITIES",
+    "SUPPORTED_OPS",
+    "Stream",
+    "TRANSFORMS",
+    "TestTimeEngine",
+    "TestTimePolicy",
+    "TestTimeResult",
+    "Transform",
+    "aggregate",
+    "build_loop_model",
+    "corrupt",
+    "enable_mc_dropout",
+    "entropy",
+    "evaluate",
+    "find_bn_layers",
+    "iterate",
+    "make_views",
+    "mc_summary",
+    "policy_preset",
+    "register_aggregator",
+    "register_transform",
+    "softmax",
+    "tent_adapt",
+    "transforms_for",
+]

@@ -1,0 +1,152 @@
+"""Measure a test-time policy on a labelled dataset: accuracy, latency per batch and throughput.
+
+``evaluate(model, data, policy)`` is what ``modelexport evaluate`` calls. Data comes from
+:func:`modelexport.data.load_dataset` (image folders, CSV/JSON/JSONL text, ``.npz`` with model-ready ``x``
+and labels ``y``, ``sklearn:digits``); images and texts go through the model's own processor
+(:class:`modelexport.inference.processors.ONNXAutoProcessor`, configured from the embedded metadata).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ..errors import DatasetError, TestTimeError
+from .engine import TestTimeEngine
+from .graph import model_path
+from .policy import TestTimePolicy
+
+__all__ = ["EvaluationResult", "evaluate"]
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """One configuration's measurements (``baseline``: the plain model's, when asked for)."""
+
+    accuracy: float
+    latency_ms_p50: float
+    latency_ms_p95: float
+    throughput_per_s: float
+    n: int
+    batch_size: int
+    policy: dict[str, Any]
+    n_views: int = 1
+    n_augmented: int = 0
+    mean_entropy: float | None = None
+    provider: str = ""
+    baseline: EvaluationResult | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.baseline is not None:
+            out["baseline"] = self.baseline.to_dict()
+            out["accuracy_delta"] = round(self.accuracy - self.baseline.accuracy, 6)
+        return out
+
+
+def _prepare(
+    dataset: Any, model: str | os.PathLike[str], engine: TestTimeEngine, batch_size: int
+) -> tuple[list[Any], Any]:
+    labels = np.asarray(dataset.labels, dtype=np.int64)
+    if dataset.kind == "tensor":
+        xs = np.asarray(dataset.x)
+        if xs.dtype == np.float64:
+            xs = xs.astype(np.float32)
+        return [
+            ({engine.input_name: xs[i : i + batch_size]}, labels[i : i + batch_size])
+            for i in range(0, len(labels), batch_size)
+        ], None
+    from ..inference.processors import ONNXAutoProcessor
+
+    processor = ONNXAutoProcessor.from_model(model)
+    items = list(dataset.texts if dataset.kind == "text" else dataset.images)
+    out = []
+    for i in range(0, len(labels), batch_size):
+        chunk = items[i : i + batch_size]
+        out.append((chunk if dataset.kind == "text" else processor(images=chunk), labels[i : i + batch_size]))
+    return out, processor
+
+
+def _measure(
+    engine: TestTimeEngine, batches: list[Any], processor: Any, num_classes: int | None
+) -> dict[str, Any]:
+    def one(item: Any) -> Any:
+        if isinstance(item, list):  # texts: TTA augments the strings, then tokenizes
+            if engine.policy.tta_transforms:
+                return engine.predict_texts(item, processor)
+            return engine.run(_select(processor(texts=item), engine))
+        return engine.run(_select(item, engine))
+
+    one(batches[0][0])  # warm-up (session allocation), not timed
+    correct, n, times, views, augmented, entropies = 0, 0, [], 1, 0, []
+    for item, labels in batches:
+        start = time.perf_counter()
+        result = one(item)
+        times.append(time.perf_counter() - start)
+        probs = result if isinstance(result, np.ndarray) else result.probs
+        if probs.ndim != 2:
+            raise TestTimeError(
+                f"evaluate measures classifiers (N, C) outputs; the model gives shape {list(probs.shape)}"
+            )
+        if num_classes is not None and probs.shape[1] < num_classes:
+            raise DatasetError(f"the data has {num_classes} classes but the model predicts {probs.shape[1]}")
+        correct += int((probs.argmax(axis=1) == labels).sum())
+        n += len(labels)
+        if not isinstance(result, np.ndarray):
+            views, augmented = result.n_views, augmented + result.n_augmented
+            if result.uncertainty is not None:
+                entropies.append(result.uncertainty.entropy)
+    ms = np.asarray(times) * 1000.0
+    return {
+        "accuracy": round(correct / n, 6),
+        "latency_ms_p50": round(float(np.percentile(ms, 50)), 4),
+        "latency_ms_p95": round(float(np.percentile(ms, 95)), 4),
+        "throughput_per_s": round(n / float(np.sum(times)), 2),
+        "n": n,
+        "n_views": views,
+        "n_augmented": augmented,
+        "mean_entropy": round(float(np.concatenate(entropies).mean()), 6) if entropies else None,
+    }
+
+
+def _select(feeds: dict[str, np.ndarray], engine: TestTimeEngine) -> dict[str, np.ndarray]:
+    names = [i.name for i in engine.inputs]
+    return {k: v for k, v in feeds.items() if k in names}
+
+
+def evaluate(
+    model: str | os.PathLike[str],
+    data: Any,
+    policy: TestTimePolicy | None = None,
+    batch_size: int = 64,
+    baseline: bool = False,
+    providers: list[str] | tuple[str, ...] | None = None,
+    torch_model: Any = None,
+) -> EvaluationResult:
+    """Accuracy, latency p50/p95 per batch and throughput of ``policy`` on ``data`` (a path, spec or Dataset)."""
+    from ..data import Dataset, load_dataset
+
+    if batch_size < 1:
+        raise TestTimeError(f"batch_size must be >= 1, got {batch_size}")
+    policy = policy or TestTimePolicy()
+    path = model_path(model)
+    dataset = data if isinstance(data, Dataset) else load_dataset(str(data))
+    runs = [(policy, torch_model)] + ([(TestTimePolicy(), None)] if baseline else [])
+    results: list[EvaluationResult] = []
+    for pol, tm in runs:
+        engine = TestTimeEngine(path, pol, providers, torch_model=tm)
+        batches, processor = _prepare(dataset, path, engine, batch_size)
+        measured = _measure(engine, batches, processor, dataset.num_classes)
+        results.append(
+            EvaluationResult(
+                batch_size=batch_size, policy=pol.to_dict(), provider=engine.session_info.provider, **measured
+            )
+        )
+    if baseline:
+        return replace(results[0], baseline=results[1])
+    return results[0]

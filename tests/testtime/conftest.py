@@ -1,0 +1,78 @@
+"""Session fixtures: the digits CNN (trained once), its exports, and tiny models exported once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.testtime.digits import DigitsData, load_digits_data, train_digits_cnn
+
+
+@pytest.fixture(scope="session")
+def digits() -> DigitsData:
+    return load_digits_data()
+
+
+@pytest.fixture(scope="session")
+def digits_cnn(digits: DigitsData) -> Any:
+    import torch
+
+    torch.set_num_threads(2)
+    return train_digits_cnn(digits)
+
+
+@pytest.fixture(scope="session")
+def digits_export(export_cache: Any, digits_cnn: Any) -> Any:
+    """The trained digits CNN keeping BatchNorm and (train-mode) Dropout: BN adaptation, Tent and MC dropout."""
+    return export_cache.get(
+        "digits_cnn", digits_cnn, keep_batchnorm=True, keep_dropout=True, input_shape=(1, 1, 8, 8)
+    )
+
+
+@pytest.fixture(scope="session")
+def mlp_export(export_cache: Any) -> Any:
+    import torch
+
+    from tests.models.torch_models import mlp
+
+    def make() -> Any:
+        torch.manual_seed(0)
+        return mlp()
+
+    return export_cache.get("tt_mlp", make)
+
+
+@pytest.fixture(scope="session")
+def segmenter_export(export_cache: Any) -> Any:
+    import torch
+
+    from tests.testtime.models import PixelSegmenter
+
+    def make() -> Any:
+        torch.manual_seed(0)
+        return PixelSegmenter()
+
+    return export_cache.get("tt_segmenter", make, input_shape=(2, 3, 6, 6))
+
+
+@pytest.fixture(scope="session")
+def refiner_export(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    import torch
+
+    from tests.testtime.models import Refiner
+
+    def make() -> Any:
+        torch.manual_seed(0)
+        return Refiner()
+
+    import modelexport
+
+    specs = {"inputs": [{"name": "state", "shape": [3, 6]}, {"name": "context", "shape": [3, 6]}]}
+    return modelexport.export(make(), tmp_path_factory.mktemp("refiner"), input_specs=specs)
+
+
+@pytest.fixture()
+def digits_batch(digits: DigitsData) -> dict[str, np.ndarray]:
+    return {"x": digits.x_test[:64]}

@@ -1,0 +1,149 @@
+"""``modelexport evaluate``: .npz and image-folder data, JSON/table output, baseline, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelexport.cli.app import main
+from modelexport.testtime import TestTimeEngine, TestTimePolicy, evaluate
+
+KEYS = {"accuracy", "latency_ms_p50", "latency_ms_p95", "throughput_per_s", "n"}
+
+
+@pytest.fixture(scope="module")
+def digits_npz(digits: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("npz") / "digits_test.npz"
+    np.savez(path, x=digits.x_test[:200], y=digits.y_test[:200])
+    return path
+
+
+@pytest.fixture(scope="module")
+def digits_folder(digits: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An image folder (one sub-folder per class) of 8-bit PNGs written from the test split."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("digit_images")
+    for i, (img, label) in enumerate(zip(digits.x_test[:120], digits.y_test[:120], strict=True)):
+        (root / str(label)).mkdir(exist_ok=True)
+        Image.fromarray(np.round(img[0] * 255).astype(np.uint8), mode="L").save(
+            root / str(label) / f"{i}.png"
+        )
+    return root
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.must
+def test_evaluate_npz_json_accuracy_is_measured(
+    digits_export: Any, digits: Any, digits_npz: Path, capsys: Any
+) -> None:
+    out = _json(
+        capsys,
+        [
+            "evaluate",
+            str(digits_export.output_dir),
+            "--data",
+            str(digits_npz),
+            "--format",
+            "json",
+            "--baseline",
+            "--ttt",
+            "bn",
+            "--batch-size",
+            "50",
+        ],
+    )
+    assert KEYS <= set(out) and out["n"] == 200 and out["baseline"]["n"] == 200
+    probs = TestTimeEngine(digits_export.onnx_path).predict({"x": digits.x_test[:200]})
+    assert out["baseline"]["accuracy"] == pytest.approx(
+        float((probs.argmax(1) == digits.y_test[:200]).mean())
+    )
+    assert out["accuracy_delta"] == pytest.approx(out["accuracy"] - out["baseline"]["accuracy"], abs=1e-6)
+    assert out["latency_ms_p95"] >= out["latency_ms_p50"] > 0 and out["throughput_per_s"] > 0
+    assert out["policy"]["ttt"] == "bn"
+
+
+@pytest.mark.integration
+def test_evaluate_image_folder_uses_the_model_processor(
+    digits_export: Any, digits: Any, digits_folder: Path
+) -> None:
+    result = evaluate(
+        digits_export.output_dir,
+        digits_folder,
+        TestTimePolicy(tta_transforms="identity,scale"),
+        batch_size=32,
+    )
+    assert result.n == 120 and result.n_views == 2
+    probs = TestTimeEngine(digits_export.onnx_path).predict({"x": digits.x_test[:120]})
+    assert result.accuracy >= float((probs.argmax(1) == digits.y_test[:120]).mean()) - 0.05
+
+
+@pytest.mark.smoke
+def test_evaluate_table_and_mc_dropout(digits_export: Any, digits_npz: Path, capsys: Any) -> None:
+    assert (
+        main(
+            [
+                "evaluate",
+                str(digits_export.onnx_path),
+                "--data",
+                str(digits_npz),
+                "--mc-dropout",
+                "4",
+                "--tta-transforms",
+                "identity,hflip",
+                "--tta-threshold",
+                "0.9",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert (
+        "accuracy" in text
+        and "MC dropout mean predictive entropy" in text
+        and "adaptive TTA augmented" in text
+    )
+
+
+@pytest.mark.must
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--tta-transforms", "identity,mirror"], "image: identity, hflip"),
+        (["--tta-aggregate", "avg"], "valid: mean"),
+        (["--mc-dropout", "1"], "mc_dropout"),
+    ],
+)
+def test_bad_options_give_one_line_and_exit_1(
+    digits_export: Any, digits_npz: Path, capsys: Any, extra: list[str], message: str
+) -> None:
+    assert main(["evaluate", str(digits_export.onnx_path), "--data", str(digits_npz), *extra]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Hint:" in err and "Traceback" not in err
+
+
+@pytest.mark.must
+def test_bn_adaptation_on_a_model_without_batchnorm(mlp_export: Any, tmp_path: Path, capsys: Any) -> None:
+    data = tmp_path / "mlp.npz"
+    np.savez(data, x=np.zeros((4, 6), np.float32), y=np.array([0, 1, 2, 0]))
+    assert main(["evaluate", str(mlp_export.onnx_path), "--data", str(data), "--ttt", "bn"]) == 1
+    err = capsys.readouterr().err
+    assert "no BatchNormalization nodes" in err and "--keep-batchnorm" in err
+
+
+@pytest.mark.sanity
+def test_missing_data_and_mismatched_classes(
+    digits_export: Any, mlp_export: Any, digits_npz: Path, tmp_path: Path, capsys: Any
+) -> None:
+    assert main(["evaluate", str(digits_export.onnx_path), "--data", str(tmp_path / "nope.npz")]) == 1
+    assert "Error:" in capsys.readouterr().err
+    assert main(["evaluate", str(mlp_export.onnx_path), "--data", str(digits_npz)]) == 1
+    assert "Error:" in capsys.readouterr().err

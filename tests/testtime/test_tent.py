@@ -1,0 +1,107 @@
+"""Tent: the ONNX -> torch interpreter matches ONNX Runtime, both Tent paths agree, entropy goes down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from modelexport.errors import TestTimeError
+from modelexport.testtime import BNAdapter, OnnxTorchModule, TestTimeEngine, TestTimePolicy, tent_adapt
+from modelexport.testtime.aggregate import entropy
+from modelexport.testtime.corruptions import corrupt
+
+
+@pytest.mark.must
+def test_interpreter_matches_onnx_runtime(digits_export: Any, digits: Any) -> None:
+    adapter = BNAdapter(digits_export.onnx_path)
+    x = digits.x_test[:50]
+    module = OnnxTorchModule(adapter.source, train_bn=False)
+    with torch.no_grad():
+        ours = module({"x": x})[0].numpy()
+    np.testing.assert_allclose(ours, adapter.run({"x": x})[0], rtol=1e-4, atol=1e-4)
+    bn_state = adapter.adapt({"x": x})
+    with torch.no_grad():
+        train_mode = OnnxTorchModule(adapter.source, train_bn=True)({"x": x})[0].numpy()
+    np.testing.assert_allclose(train_mode, adapter.run({"x": x}, bn_state)[0], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.must
+def test_tent_from_onnx_equals_tent_from_the_torch_model(
+    digits_export: Any, digits_cnn: Any, digits: Any
+) -> None:
+    adapter = BNAdapter(digits_export.onnx_path)
+    feeds = {"x": corrupt(digits.x_test[:128], "contrast", 5)}
+    onnx_only = tent_adapt(adapter, feeds, learning_rate=1e-2, steps=3)
+    from_torch = tent_adapt(adapter, feeds, learning_rate=1e-2, steps=3, torch_model=digits_cnn)
+    for name in onnx_only:
+        np.testing.assert_allclose(onnx_only[name], from_torch[name], rtol=1e-3, atol=1e-4)
+    changed = {k for k, v in onnx_only.items() if not np.array_equal(v, adapter.source_state[k])}
+    assert changed == {
+        p for layer in adapter.layers for p in layer.params
+    }  # scale, bias, mean, var of each BN
+
+
+@pytest.mark.must
+def test_tent_lowers_prediction_entropy(digits_export: Any, digits: Any) -> None:
+    adapter = BNAdapter(digits_export.onnx_path)
+    feeds = {"x": corrupt(digits.x_test[:128], "blur", 5)}
+    bn = adapter.adapt(feeds)
+    tent = tent_adapt(adapter, feeds, learning_rate=1e-2, steps=5)
+
+    def mean_entropy(state: dict) -> float:
+        logits = adapter.run(feeds, state)[0]
+        p = np.exp(logits - logits.max(1, keepdims=True))
+        return float(entropy(p / p.sum(1, keepdims=True)).mean())
+
+    assert mean_entropy(tent) < mean_entropy(bn)
+
+
+@pytest.mark.sanity
+def test_tent_engine_and_torch_model_safety(digits_export: Any, digits_cnn: Any, digits: Any) -> None:
+    before = {k: v.clone() for k, v in digits_cnn.state_dict().items()}
+    engine = TestTimeEngine(
+        digits_export.onnx_path, TestTimePolicy(ttt="tent", ttt_iterations=2), torch_model=digits_cnn
+    )
+    probs = engine.predict({"x": digits.x_test[:64]})
+    assert probs.shape == (64, 10)
+    for k, v in digits_cnn.state_dict().items():
+        assert torch.equal(v, before[k]), k  # the source torch model is adapted on a copy
+
+
+@pytest.mark.sanity
+def test_unsupported_operator_is_named(digits_export: Any) -> None:
+    model = onnx.load(digits_export.onnx_path)
+    model.graph.node[2].op_type = "Selu"  # the first Relu
+    with pytest.raises(TestTimeError, match="Selu") as info:
+        OnnxTorchModule(model)
+    assert "torch_model" in info.value.hint
+
+
+@pytest.mark.must
+def test_tent_parameters_are_written_into_a_copy_of_the_model(digits_export: Any, digits: Any) -> None:
+    import onnxruntime as ort
+
+    from modelexport.testtime.graph import initializer_arrays
+
+    feeds = {"x": corrupt(digits.x_test[:128], "contrast", 4)}
+    engine = TestTimeEngine(
+        digits_export.onnx_path, TestTimePolicy(ttt="tent", ttt_iterations=3, learning_rate=1e-2)
+    )
+    adapted = engine.adapted_model(feeds)
+    source = onnx.load(digits_export.onnx_path)
+    before, after = initializer_arrays(source), initializer_arrays(adapted)
+    changed = {k for k in before if not np.array_equal(before[k], after[k])}
+    assert changed == {p for layer in engine.adapter.layers for p in layer.params}  # type: ignore[union-attr]
+    plain = ort.InferenceSession(adapted.SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_allclose(_softmax(plain), engine.predict(feeds), rtol=1e-4, atol=1e-5)
+    with pytest.raises(TestTimeError, match="adapts nothing"):
+        TestTimeEngine(digits_export.onnx_path).adapted_model(feeds)
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
