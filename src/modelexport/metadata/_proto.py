@@ -93,7 +93,9 @@ def _walk(stream: BinaryIO, path: Path, size: int):
             raise OnnxFileError(f"{path} is not an ONNX file (unsupported protobuf wire type {wire})")
         payload = stream.tell()
         if payload + length > size:
-            raise OnnxFileError(f"{path} is truncated: a field runs {payload + length - size} bytes past the end of the file")
+            raise OnnxFileError(
+                f"{path} is truncated: a field runs {payload + length - size} bytes past the end of the file"
+            )
         yield field, wire, start, payload, length
         stream.seek(payload + length)
 
@@ -143,7 +145,11 @@ def rewrite_props(src: str | os.PathLike[str], dst: str | os.PathLike[str], entr
     src = Path(src)
     size = src.stat().st_size
     with src.open("rb") as fin, open(dst, "wb") as fout:
-        spans = [(start, payload + length) for field, _, start, payload, length in _walk(fin, src, size) if field != _METADATA_FIELD]
+        spans = [
+            (start, payload + length)
+            for field, _, start, payload, length in _walk(fin, src, size)
+            if field != _METADATA_FIELD
+        ]
         for start, end in spans:
             fin.seek(start)
             remaining = end - start

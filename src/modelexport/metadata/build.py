@@ -13,7 +13,13 @@ from ..errors import MetadataError, TaskDetectionError
 from . import schema as S
 from .tasks import architectures_of, detect_task, normalize_task
 
-__all__ = ["build_metadata", "processor_config_of", "classify_processor_config", "graph_io", "PROCESSOR_FILES"]
+__all__ = [
+    "build_metadata",
+    "processor_config_of",
+    "classify_processor_config",
+    "graph_io",
+    "PROCESSOR_FILES",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +33,13 @@ PROCESSOR_FILES = (
     "processor_config.json",
     "chat_template.jinja",
 )
-_TOKENIZER_KEYS = ("do_lower_case", "model_max_length", "padding_side", "truncation_side", "model_input_names")
+_TOKENIZER_KEYS = (
+    "do_lower_case",
+    "model_max_length",
+    "padding_side",
+    "truncation_side",
+    "model_input_names",
+)
 
 
 def classify_processor_config(cfg: dict[str, Any]) -> str:
@@ -64,17 +76,27 @@ def _read_preprocessor(model_dir: Path | None) -> dict[str, Any] | None:
         raise MetadataError(f"{file} is not valid JSON: {exc.msg}") from exc
 
 
-def processor_config_of(tokenizer: Any, model_dir: Path | None, user: dict[str, Any] | None) -> dict[str, Any]:
-    """The ``hf_processor_config`` value: tokenizer settings and/or the image/audio pre-processing."""
+def processor_config_of(
+    tokenizer: Any, model_dir: Path | None, user: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The ``hf_processor_config`` value: one flat dict, as transformers' own processor configs are.
+
+    The image/audio processor config (the source's ``preprocessor_config.json`` or the user's) and the
+    tokenizer settings are merged; ``processor_kinds`` lists which are present, ``processor_type`` is
+    the single kind or ``processor`` for several.
+    """
     out: dict[str, Any] = {}
-    if tokenizer is not None:
-        out["tokenizer"] = _tokenizer_section(tokenizer)
+    kinds: list[str] = []
     pre = dict(user) if user else _read_preprocessor(model_dir)
     if pre:
-        out[classify_processor_config(pre)] = pre
-    kinds = [k for k in ("tokenizer", "image_processor", "feature_extractor") if k in out]
+        out.update(pre)
+        kinds.append(classify_processor_config(pre))
+    if tokenizer is not None:
+        out.update(_tokenizer_section(tokenizer))
+        kinds.insert(0, "tokenizer")
     if kinds:
         out["processor_type"] = kinds[0] if len(kinds) == 1 else "processor"
+        out["processor_kinds"] = kinds
     return out
 
 
@@ -91,7 +113,11 @@ def graph_io(model_proto: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
 
     def describe(v: Any) -> dict[str, Any]:
         elem = v.type.tensor_type.elem_type
-        return {"name": v.name, "shape": _dims(v), "dtype": onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem else None}
+        return {
+            "name": v.name,
+            "shape": _dims(v),
+            "dtype": onnx.helper.tensor_dtype_to_np_dtype(elem).name if elem else None,
+        }
 
     return (
         [describe(v) for v in model_proto.graph.input if v.name not in init],
@@ -104,10 +130,15 @@ def _model_config(ctx: Any) -> dict[str, Any] | None:
     if hf is not None:
         return json.loads(hf.to_json_string(use_diff=False))
     if ctx.loaded.source == "huggingface":
-        raise MetadataError(f"{ctx.loaded.name_or_path}: a transformers model without a config cannot be packaged")
+        raise MetadataError(
+            f"{ctx.loaded.name_or_path}: a transformers model without a config cannot be packaged"
+        )
     labels = ctx.config.id2label
     if labels:
-        return {"id2label": {str(k): v for k, v in labels.items()}, "label2id": {v: k for k, v in labels.items()}}
+        return {
+            "id2label": {str(k): v for k, v in labels.items()},
+            "label2id": {v: k for k, v in labels.items()},
+        }
     return None
 
 
@@ -115,7 +146,9 @@ def _task(ctx: Any) -> str | None:
     if ctx.config.task:
         return normalize_task(ctx.config.task)
     if ctx.loaded.hf_config is None:
-        ctx.notes.append("plain torch model: no task embedded (pass task=... / --task so pipelines can detect it)")
+        ctx.notes.append(
+            "plain torch model: no task embedded (pass task=... / --task so pipelines can detect it)"
+        )
         return None
     try:
         return detect_task(architectures_of(ctx.loaded.module, ctx.loaded.hf_config))

@@ -85,7 +85,9 @@ def _check_ort_model(report: OptimumCompatibility) -> None:
     try:
         import optimum.onnxruntime as ort_optimum
     except ImportError as exc:
-        report.fail("ort_model_loads", f"optimum-onnx is not installed ({exc}); pip install modelexport[optimum]")
+        report.fail(
+            "ort_model_loads", f"optimum-onnx is not installed ({exc}); pip install modelexport[optimum]"
+        )
         return
     cls = getattr(ort_optimum, str(report.ort_model_class), None)
     if cls is None:
@@ -95,7 +97,9 @@ def _check_ort_model(report: OptimumCompatibility) -> None:
         cls.from_pretrained(str(report.output_dir))
         report.checks["ort_model_loads"] = True
     except Exception as exc:  # noqa: BLE001 - any failure is the finding we report
-        report.fail("ort_model_loads", f"{report.ort_model_class}.from_pretrained failed: {type(exc).__name__}: {exc}")
+        report.fail(
+            "ort_model_loads", f"{report.ort_model_class}.from_pretrained failed: {type(exc).__name__}: {exc}"
+        )
 
 
 def _check_processor(report: OptimumCompatibility) -> None:

@@ -72,7 +72,9 @@ def write_package_files(ctx: Any) -> list[str]:
         written.append("config.json")
         ctx.files["config"] = "config.json"
     elif ctx.loaded.source == "huggingface":
-        raise MetadataError(f"{ctx.loaded.name_or_path}: transformers model without a config; cannot write config.json")
+        raise MetadataError(
+            f"{ctx.loaded.name_or_path}: transformers model without a config; cannot write config.json"
+        )
     else:
         ctx.notes.append(
             "plain torch model: no config.json written, so Optimum cannot load this folder; "
@@ -82,7 +84,11 @@ def write_package_files(ctx: Any) -> list[str]:
         written.append(name)
         ctx.files[f"processor:{name}"] = name
     if "metadata" in ctx.extra:
-        doc = {"metadata": ctx.extra["metadata"], "stats": ctx.extra.get("metadata_stats"), "files": sorted(written)}
+        doc = {
+            "metadata": ctx.extra["metadata"],
+            "stats": ctx.extra.get("metadata_stats"),
+            "files": sorted(written),
+        }
         write_json(ctx.staging_dir / EXPORT_METADATA_FILE, doc)
         written.append(EXPORT_METADATA_FILE)
         ctx.files["export_metadata"] = EXPORT_METADATA_FILE

@@ -64,7 +64,9 @@ def _encode_value(value: Any) -> tuple[str, str]:
         try:
             text, kind = json.dumps(value, sort_keys=True, separators=(",", ":")), "json"
         except (TypeError, ValueError) as exc:
-            raise MetadataError(f"metadata value of type {type(value).__name__} is not JSON-serialisable: {exc}") from exc
+            raise MetadataError(
+                f"metadata value of type {type(value).__name__} is not JSON-serialisable: {exc}"
+            ) from exc
     if len(text.encode("utf-8")) > COMPRESS_THRESHOLD:
         packed = base64.b64encode(gzip.compress(text.encode("utf-8"), mtime=0)).decode("ascii")
         return _GZIP_PREFIX + packed, f"gzip+{kind}"
@@ -111,7 +113,9 @@ def _decode_value(key: str, raw: str, kind: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise MetadataIntegrityError(f"metadata value {key!r} is not valid JSON ({exc.msg}); it was truncated or edited") from exc
+        raise MetadataIntegrityError(
+            f"metadata value {key!r} is not valid JSON ({exc.msg}); it was truncated or edited"
+        ) from exc
 
 
 def decode_entries(stored: dict[str, str], *, verify: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
@@ -121,7 +125,9 @@ def decode_entries(stored: dict[str, str], *, verify: bool = True) -> tuple[dict
     try:
         encoding = json.loads(stored[KEY_ENCODING])
     except json.JSONDecodeError as exc:
-        raise MetadataIntegrityError(f"the metadata manifest {KEY_ENCODING!r} is corrupted: {exc.msg}") from exc
+        raise MetadataIntegrityError(
+            f"the metadata manifest {KEY_ENCODING!r} is corrupted: {exc.msg}"
+        ) from exc
     if not isinstance(encoding, dict):
         raise MetadataIntegrityError(f"the metadata manifest {KEY_ENCODING!r} is not a JSON object")
     missing = [k for k in encoding if k not in stored]

@@ -101,7 +101,9 @@ def update_metadata(model_proto: Any, updates: dict[str, Any], *, verify: bool =
         prop.key, prop.value = key, value
 
 
-def write_metadata(path: str | os.PathLike[str], updates: dict[str, Any], *, verify: bool = True) -> dict[str, Any]:
+def write_metadata(
+    path: str | os.PathLike[str], updates: dict[str, Any], *, verify: bool = True
+) -> dict[str, Any]:
     """Apply ``updates`` to an ONNX file atomically, without loading its weights; returns the new metadata."""
     file = resolve_model_file(path)
     entries = _merged(dict(read_props(file)), updates, verify)

@@ -14,7 +14,15 @@ from typing import Any
 
 from ..errors import ConfigError, TaskDetectionError
 
-__all__ = ["TaskSpec", "TASKS", "register_task", "get_task", "detect_task", "architectures_of", "normalize_task"]
+__all__ = [
+    "TaskSpec",
+    "TASKS",
+    "register_task",
+    "get_task",
+    "detect_task",
+    "architectures_of",
+    "normalize_task",
+]
 
 
 @dataclass(frozen=True)
@@ -41,16 +49,46 @@ def register_task(spec: TaskSpec) -> TaskSpec:
 
 
 for _spec in (
-    TaskSpec("text-classification", ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",), "ORTModelForSequenceClassification", ("sentiment-analysis", "sequence-classification")),
-    TaskSpec("token-classification", ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",), "ORTModelForTokenClassification", ("ner",)),
-    TaskSpec("question-answering", ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",), "ORTModelForQuestionAnswering"),
-    TaskSpec("image-classification", ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",), "ORTModelForImageClassification"),
-    TaskSpec("audio-classification", ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",), "ORTModelForAudioClassification"),
+    TaskSpec(
+        "text-classification",
+        ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",),
+        "ORTModelForSequenceClassification",
+        ("sentiment-analysis", "sequence-classification"),
+    ),
+    TaskSpec(
+        "token-classification",
+        ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",),
+        "ORTModelForTokenClassification",
+        ("ner",),
+    ),
+    TaskSpec(
+        "question-answering", ("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",), "ORTModelForQuestionAnswering"
+    ),
+    TaskSpec(
+        "image-classification",
+        ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",),
+        "ORTModelForImageClassification",
+    ),
+    TaskSpec(
+        "audio-classification",
+        ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",),
+        "ORTModelForAudioClassification",
+    ),
     TaskSpec("object-detection", ("MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",), None),
-    TaskSpec("image-segmentation", ("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES", "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES"), "ORTModelForSemanticSegmentation"),
+    TaskSpec(
+        "image-segmentation",
+        ("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES", "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES"),
+        "ORTModelForSemanticSegmentation",
+    ),
     TaskSpec("multiple-choice", ("MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES",), "ORTModelForMultipleChoice"),
-    TaskSpec("automatic-speech-recognition", ("MODEL_FOR_CTC_MAPPING_NAMES", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"), "ORTModelForCTC"),
-    TaskSpec("text2text-generation", ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",), "ORTModelForSeq2SeqLM"),
+    TaskSpec(
+        "automatic-speech-recognition",
+        ("MODEL_FOR_CTC_MAPPING_NAMES", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+        "ORTModelForCTC",
+    ),
+    TaskSpec(
+        "text2text-generation", ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",), "ORTModelForSeq2SeqLM"
+    ),
     TaskSpec("text-generation", ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",), "ORTModelForCausalLM"),
     TaskSpec("fill-mask", ("MODEL_FOR_MASKED_LM_MAPPING_NAMES",), "ORTModelForMaskedLM"),
     TaskSpec("feature-extraction", ("MODEL_MAPPING_NAMES",), "ORTModelForFeatureExtraction", ("default",)),
@@ -88,7 +126,11 @@ def architectures_of(model: Any = None, config: Any = None) -> list[str]:
     names: list[str] = []
     if model is not None:
         names.append(type(model).__name__)
-    cfg_archs = getattr(config, "architectures", None) if not isinstance(config, dict) else config.get("architectures")
+    cfg_archs = (
+        getattr(config, "architectures", None)
+        if not isinstance(config, dict)
+        else config.get("architectures")
+    )
     names.extend(a for a in cfg_archs or [] if a not in names)
     return names
 

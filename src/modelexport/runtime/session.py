@@ -35,7 +35,12 @@ PROVIDER_ALIASES: dict[str, str] = {
     "qnn": "QNNExecutionProvider",
     "xnnpack": "XnnpackExecutionProvider",
 }
-GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
+GRAPH_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 
 
 def available_providers() -> list[str]:
@@ -55,7 +60,9 @@ def _canonical(name: str) -> str:
     raise ConfigError(f"unknown execution provider {name!r}; valid names: {', '.join(known)}")
 
 
-def resolve_providers(requested: list[str] | str | None, available: list[str] | None = None) -> tuple[list[str], list[str]]:
+def resolve_providers(
+    requested: list[str] | str | None, available: list[str] | None = None
+) -> tuple[list[str], list[str]]:
     """Return (providers to try in order, requested-but-unavailable). CPU always comes last."""
     if isinstance(requested, str):
         requested = [p for p in requested.split(",") if p.strip()]
@@ -110,14 +117,33 @@ class SessionInfo:
 
     @property
     def provider(self) -> str:
+        """The provider that actually runs the model (the first one the session kept)."""
         return self.active[0] if self.active else CPU
+
+    @property
+    def fell_back(self) -> bool:
+        """True when a requested provider is not the one that runs."""
+        wanted = [_canonical(p) for p in self.requested]
+        return bool(wanted) and self.provider != wanted[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requested": self.requested,
+            "tried": self.tried,
+            "skipped_unavailable": self.skipped_unavailable,
+            "errors": self.errors,
+            "active": self.active,
+            "provider": self.provider,
+        }
 
 
 def _session_options(cfg: SessionConfig) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, GRAPH_LEVELS[cfg.graph_optimization_level])
+    so.graph_optimization_level = getattr(
+        ort.GraphOptimizationLevel, GRAPH_LEVELS[cfg.graph_optimization_level]
+    )
     so.log_severity_level = cfg.log_severity_level
     if cfg.optimized_model_filepath:
         so.optimized_model_filepath = str(cfg.optimized_model_filepath)
@@ -132,7 +158,9 @@ def _session_options(cfg: SessionConfig) -> Any:
     return so
 
 
-def create_session(model: str | os.PathLike[str] | bytes | Any, config: SessionConfig | None = None, **overrides: Any):
+def create_session(
+    model: str | os.PathLike[str] | bytes | Any, config: SessionConfig | None = None, **overrides: Any
+):
     """Create an ``onnxruntime.InferenceSession`` with provider fallback.
 
     ``model`` is a path, serialized bytes or an ``onnx.ModelProto``. Returns ``(session, SessionInfo)``.
@@ -147,12 +175,18 @@ def create_session(model: str | os.PathLike[str] | bytes | Any, config: SessionC
         model = model.SerializeToString()
     elif not isinstance(model, bytes):
         path = Path(model)
+        if path.is_dir() and (path / "model.onnx").is_file():  # an exported folder
+            path = path / "model.onnx"
         if not path.is_file():
             raise OnnxFileError(f"ONNX model not found: {path}")
         model = str(path)
     order, skipped = resolve_providers(list(cfg.providers))
     if skipped:
-        log.warning("execution providers not available here: %s; available: %s", ", ".join(skipped), ", ".join(available_providers()))
+        log.warning(
+            "execution providers not available here: %s; available: %s",
+            ", ".join(skipped),
+            ", ".join(available_providers()),
+        )
     so = _session_options(cfg)
     errors: dict[str, str] = {}
     for i, provider in enumerate(order):
@@ -162,7 +196,13 @@ def create_session(model: str | os.PathLike[str] | bytes | Any, config: SessionC
             sess = ort.InferenceSession(model, sess_options=so, providers=chain, provider_options=opts)
         except Exception as exc:  # noqa: BLE001 - recorded and reported, then the next provider is tried
             errors[provider] = f"{type(exc).__name__}: {exc}"
-            log.warning("provider %s failed (%s); falling back", provider, errors[provider].splitlines()[0])
+            if i + 1 < len(order):
+                log.warning(
+                    "provider %s failed (%s); falling back to %s",
+                    provider,
+                    errors[provider].splitlines()[0],
+                    order[i + 1],
+                )
             continue
         info = SessionInfo(list(cfg.providers), order[: i + 1], skipped, errors, list(sess.get_providers()))
         return sess, info

@@ -1,0 +1,110 @@
+"""``modelexport infer MODEL --text ... | --image PATH | --audio PATH``: predictions and latency."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from ..errors import ConfigError
+
+__all__ = ["infer_cmd"]
+
+
+def _inputs(
+    texts: tuple[str, ...], images: tuple[str, ...], audio: tuple[str, ...], question: str | None
+) -> tuple[Any, dict[str, Any]]:
+    given = [x for x in (texts, images, audio) if x]
+    if len(given) != 1:
+        raise ConfigError("give exactly one kind of input: --text, --image or --audio (each repeatable)")
+    if question is not None:
+        if not texts:
+            raise ConfigError("--question needs --text as the context")
+        return [{"question": question, "context": t} for t in texts], {}
+    return list(given[0]), {}
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value.item() if hasattr(value, "item") else value
+
+
+@click.command("infer")
+@click.argument("model", type=click.Path(exists=True))
+@click.option("--text", "texts", multiple=True, help="Input text (repeatable); the context with --question.")
+@click.option("--question", default=None, help="Question for question-answering (the --text is the context).")
+@click.option(
+    "--image",
+    "images",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Image file (repeatable).",
+)
+@click.option(
+    "--audio",
+    "audio",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="PCM .wav file (repeatable).",
+)
+@click.option("--task", default=None, help="Task (default: the embedded one).")
+@click.option(
+    "--ep",
+    "providers",
+    default=None,
+    help="Execution providers in order, e.g. cuda,cpu (CPU is always last).",
+)
+@click.option("--batch-size", type=int, default=1, show_default=True)
+@click.option("--top-k", type=int, default=None, help="Labels per input for classification tasks.")
+@click.option("--json", "as_json", is_flag=True, help="Print predictions and timing as JSON.")
+def infer_cmd(
+    model: str,
+    texts: tuple[str, ...],
+    question: str | None,
+    images: tuple[str, ...],
+    audio: tuple[str, ...],
+    task: str | None,
+    providers: str | None,
+    batch_size: int,
+    top_k: int | None,
+    as_json: bool,
+) -> int:
+    """Run MODEL (a .onnx file or an export folder) on the inputs with the auto-detected pipeline."""
+    from ..inference import pipeline
+
+    items, kwargs = _inputs(texts, images, audio, question)
+    if top_k is not None:
+        kwargs["top_k"] = top_k
+    start = time.perf_counter()
+    pipe = pipeline(task, model, providers=providers, batch_size=batch_size)
+    load_ms = (time.perf_counter() - start) * 1000
+    start = time.perf_counter()
+    predictions = pipe(items, **kwargs)
+    run_ms = (time.perf_counter() - start) * 1000
+    info = pipe.describe()
+    if as_json:
+        doc = {
+            "task": pipe.task,
+            "provider": info["provider"],
+            "predictions": _jsonable(predictions),
+            "latency_ms": {
+                "load": round(load_ms, 2),
+                "run": round(run_ms, 2),
+                "per_input": round(run_ms / len(items), 2),
+            },
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return 0
+    click.echo(f"task: {pipe.task}   provider: {info['provider']}")
+    for item, pred in zip(items, predictions, strict=True):
+        shown = json.dumps(_jsonable(pred))
+        click.echo(f"{str(item)[:60]!s} -> {shown if len(shown) <= 400 else shown[:397] + '...'}")
+    click.echo(
+        f"latency: {run_ms:.1f} ms for {len(items)} input(s) ({run_ms / len(items):.1f} ms each), load {load_ms:.0f} ms"
+    )
+    return 0

@@ -1,0 +1,190 @@
+"""``ONNXPipeline``: batches -> processor -> session -> the output format of the transformers pipeline.
+
+Tasks join :data:`PIPELINES` with :func:`register_pipeline`. Each names the processor kinds it accepts
+and the transformers pipeline argument its processor plays (``tokenizer``, ``image_processor``,
+``feature_extractor``), which is how :func:`create_pipeline` routes a ``data_processor``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ...errors import ConfigError, InferenceError
+from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_POLICY
+from ..processors import BaseONNXProcessor
+
+__all__ = ["ONNXPipeline", "PIPELINES", "register_pipeline", "softmax", "sigmoid"]
+
+log = logging.getLogger(__name__)
+
+PIPELINES: dict[str, type[ONNXPipeline]] = {}
+
+
+def register_pipeline(task: str) -> Callable[[type[ONNXPipeline]], type[ONNXPipeline]]:
+    """Class decorator: the pipeline for ``task``."""
+
+    def deco(cls: type[ONNXPipeline]) -> type[ONNXPipeline]:
+        cls.task = task
+        PIPELINES[task] = cls
+        return cls
+
+    return deco
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+class ONNXPipeline:
+    """One task on one ONNX Runtime session; call it with one input or a list (run in ``batch_size`` batches)."""
+
+    task: ClassVar[str] = ""
+    #: Processor kinds this task accepts, and the transformers pipeline argument the processor plays.
+    processor_kinds: ClassVar[tuple[str, ...]] = ("tokenizer",)
+    processor_arg: ClassVar[str] = "tokenizer"
+
+    def __init__(
+        self,
+        session: Any,
+        processor: BaseONNXProcessor,
+        *,
+        metadata: dict[str, Any],
+        session_info: Any = None,
+        model_path: Path | None = None,
+        batch_size: int = 1,
+        test_time_policy: Any = None,
+        providers: tuple[str, ...] = (),
+    ) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if processor.kind not in self.processor_kinds:
+            raise ConfigError(
+                f"{self.task} needs a {' or '.join(self.processor_kinds)}, got a {processor.kind} ({type(processor).__name__})"
+            )
+        self.session, self.session_info, self.processor = session, session_info, processor
+        self.metadata, self.model_path, self.batch_size = metadata, model_path, batch_size
+        self.model_config: dict[str, Any] = dict(metadata.get(KEY_MODEL_CONFIG) or processor.config or {})
+        self._labels: dict[int, str] | None = None
+        self.output_names = [o.name for o in session.get_outputs()]
+        self.providers = providers
+        self.policy = self._policy(test_time_policy)
+        self._engine: Any = None
+
+    # ---------------------------------------------------------------------------------------------- labels
+    @property
+    def id2label(self) -> dict[int, str]:
+        if self._labels is None:
+            self._labels = {int(k): str(v) for k, v in (self.model_config.get("id2label") or {}).items()}
+        return self._labels
+
+    def label(self, index: int) -> str:
+        return self.id2label.get(int(index), f"LABEL_{int(index)}")
+
+    # ------------------------------------------------------------------------------------------ test time
+    def _policy(self, given: Any) -> Any:
+        """The test-time policy: the argument, else the one embedded in the metadata (False disables it)."""
+        raw = self.metadata.get(KEY_TEST_TIME_POLICY) if given is None else given
+        if raw is None or raw is False:
+            return None
+        from ...testtime.policy import TestTimePolicy
+
+        policy = raw if isinstance(raw, TestTimePolicy) else TestTimePolicy.from_dict(dict(raw))
+        return None if policy.is_plain else policy
+
+    def test_time_engine(self) -> Any:
+        """The test-time engine applying the policy (built once, on first use)."""
+        if self._engine is None:
+            from ...testtime.engine import TestTimeEngine
+
+            self._engine = TestTimeEngine(self.model_path, self.policy, self.providers)
+        return self._engine
+
+    # -------------------------------------------------------------------------------------------- running
+    def forward(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the session; a graph with a fixed batch gets its batch padded, outputs are cut back."""
+        n = len(next(iter(feeds.values())))
+        fixed = self.processor.fixed_batch
+        if fixed and n < fixed:
+            feeds = {k: np.concatenate([v, np.repeat(v[-1:], fixed - n, axis=0)]) for k, v in feeds.items()}
+        try:
+            outputs = self.session.run(None, feeds)
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types; re-raised typed
+            shapes = {k: list(v.shape) for k, v in feeds.items()}
+            raise InferenceError(
+                f"ONNX Runtime failed on inputs {shapes}: {type(exc).__name__}: {exc}"
+            ) from exc
+        return {
+            name: out[:n] if fixed and n < fixed else out
+            for name, out in zip(self.output_names, outputs, strict=True)
+        }
+
+    def _batches(self, items: list[Any], batch_size: int) -> Iterator[list[Any]]:
+        size = min(batch_size, self.processor.fixed_batch or batch_size)
+        for start in range(0, len(items), size):
+            yield items[start : start + size]
+
+    def normalize(self, inputs: Any, kwargs: dict[str, Any]) -> tuple[list[Any], bool]:
+        """(items, whether one input was given)."""
+        if inputs is None:
+            raise InferenceError(f"{self.task} pipeline called without inputs")
+        single = not isinstance(inputs, (list, tuple))
+        return ([inputs] if single else list(inputs)), single
+
+    def __call__(self, inputs: Any = None, *, batch_size: int | None = None, **kwargs: Any) -> Any:
+        items, single = self.normalize(inputs, kwargs)
+        if not items:
+            return []
+        results: list[Any] = []
+        for batch in self._batches(items, batch_size or self.batch_size):
+            results.extend(self.run_batch(batch, **kwargs))
+        return self.format(results, single, **kwargs)
+
+    def format(self, results: list[Any], single: bool, **kwargs: Any) -> Any:
+        return results[0] if single else results
+
+    def run_batch(self, items: list[Any], **kwargs: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        info = self.session_info
+        return {
+            "task": self.task,
+            "model": str(self.model_path) if self.model_path else None,
+            "provider": getattr(info, "provider", None),
+            "processor": self.processor.describe(),
+            "test_time_policy": self.policy.to_dict() if self.policy else None,
+        }
+
+
+class ClassificationMixin:
+    """Scores like transformers: sigmoid for multi-label or one-logit heads, softmax otherwise; top-k labels."""
+
+    model_config: dict[str, Any]
+    label: Callable[[int], str]
+
+    def scores(self, logits: np.ndarray, function_to_apply: str | None = None) -> np.ndarray:
+        fn = function_to_apply or (
+            "sigmoid"
+            if self.model_config.get("problem_type") == "multi_label_classification" or logits.shape[-1] == 1
+            else "softmax"
+        )
+        if fn not in ("softmax", "sigmoid", "none"):
+            raise ConfigError(f"function_to_apply must be softmax, sigmoid or none, got {fn!r}")
+        x = logits.astype(np.float32)
+        return softmax(x) if fn == "softmax" else sigmoid(x) if fn == "sigmoid" else x
+
+    def ranked(self, row: np.ndarray, top_k: int | None) -> list[dict[str, Any]]:
+        order = np.argsort(-row, kind="stable")
+        if top_k is not None:
+            order = order[:top_k]
+        return [{"label": self.label(int(i)), "score": float(row[i])} for i in order]

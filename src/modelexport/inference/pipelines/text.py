@@ -1,0 +1,203 @@
+"""Text tasks: feature extraction, text classification, token classification, question answering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...errors import ConfigError, InferenceError
+from .base import ClassificationMixin, ONNXPipeline, register_pipeline, softmax
+
+__all__ = [
+    "FeatureExtractionPipeline",
+    "TextClassificationPipeline",
+    "TokenClassificationPipeline",
+    "QuestionAnsweringPipeline",
+]
+
+_LEGACY = object()
+
+
+@register_pipeline("feature-extraction")
+class FeatureExtractionPipeline(ONNXPipeline):
+    """The first output per input, ``[1, tokens, hidden]`` as nested lists (``return_tensors=True``: arrays)."""
+
+    processor_kinds = ("tokenizer", "image_processor", "feature_extractor")
+
+    def run_batch(self, items: list[Any], return_tensors: bool = False, **kwargs: Any) -> list[Any]:
+        feeds = self.processor(**{self.processor.modality: items})
+        first = self.forward(feeds)[self.output_names[0]]
+        mask = feeds.get("attention_mask")
+        rows = []
+        for i in range(len(items)):
+            out = first[i : i + 1]
+            if mask is not None and out.ndim == 3:
+                out = out[:, : int(mask[i].sum())]
+            rows.append(out if return_tensors else out.tolist())
+        return rows
+
+
+@register_pipeline("text-classification")
+class TextClassificationPipeline(ClassificationMixin, ONNXPipeline):
+    """``[{'label', 'score'}]`` per text; ``top_k`` (None: all labels) gives a ranked list per text."""
+
+    def probabilities(self, items: list[str], function_to_apply: str | None) -> np.ndarray:
+        if self.policy is not None:
+            engine = self.test_time_engine()
+            if self.policy.tta_transforms:
+                return engine.predict_texts(items, self.processor)
+            return engine.predict(self.processor(texts=items))
+        logits = self.forward(self.processor(texts=items))[self.output_names[0]]
+        return self.scores(logits, function_to_apply)
+
+    def run_batch(
+        self, items: list[Any], top_k: Any = _LEGACY, function_to_apply: str | None = None, **kwargs: Any
+    ) -> list[Any]:
+        probs = self.probabilities([str(t) for t in items], function_to_apply)
+        if top_k is _LEGACY:
+            return [self.ranked(row, 1)[0] for row in probs]
+        return [self.ranked(row, top_k) for row in probs]
+
+    def format(self, results: list[Any], single: bool, top_k: Any = _LEGACY, **kwargs: Any) -> Any:
+        if single:
+            return [results[0]] if top_k is _LEGACY else results[0]
+        return results
+
+
+def _tag(label: str) -> tuple[str, str]:
+    """(B or I, entity type) of an IOB label, as transformers reads it."""
+    if label.startswith(("B-", "I-")):
+        return label[0], label[2:]
+    return "I", label
+
+
+@register_pipeline("token-classification")
+class TokenClassificationPipeline(ONNXPipeline):
+    """Per token (``entity, score, index, word, start, end``) or, with ``aggregation_strategy="simple"``,
+    IOB groups (``entity_group, score, word, start, end``); special tokens and ``O`` are left out."""
+
+    STRATEGIES = ("none", "simple")
+
+    def _tokens(self, enc: Any, probs: np.ndarray, i: int) -> list[dict[str, Any]]:
+        tokenizer, entities = self.processor.tokenizer, []
+        for j, token_id in enumerate(enc["input_ids"][i]):
+            if enc["special_tokens_mask"][i][j] or not enc["attention_mask"][i][j]:
+                continue
+            best = int(probs[i, j].argmax())
+            start, end = (int(v) for v in enc["offset_mapping"][i][j])
+            word = tokenizer.convert_ids_to_tokens(int(token_id))
+            entities.append(
+                {
+                    "entity": self.label(best),
+                    "score": probs[i, j, best],
+                    "index": j,
+                    "word": word,
+                    "start": start,
+                    "end": end,
+                }
+            )
+        return entities
+
+    def _group(self, tokens: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "entity_group": _tag(tokens[0]["entity"])[1],
+            "score": np.nanmean([t["score"] for t in tokens]),
+            "word": self.processor.tokenizer.convert_tokens_to_string([t["word"] for t in tokens]),
+            "start": tokens[0]["start"],
+            "end": tokens[-1]["end"],
+        }
+
+    def _simple(self, tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        groups, current = [], []
+        for token in tokens:
+            bi, tag = _tag(token["entity"])
+            if current and (tag != _tag(current[-1]["entity"])[1] or bi == "B"):
+                groups.append(self._group(current))
+                current = []
+            current.append(token)
+        return groups + ([self._group(current)] if current else [])
+
+    def run_batch(
+        self,
+        items: list[Any],
+        aggregation_strategy: str = "none",
+        ignore_labels: tuple[str, ...] = ("O",),
+        **kwargs: Any,
+    ) -> list[Any]:
+        strategy = str(getattr(aggregation_strategy, "value", aggregation_strategy)).lower()
+        if strategy not in self.STRATEGIES:
+            raise ConfigError(
+                f"aggregation_strategy must be one of {', '.join(self.STRATEGIES)}, got {aggregation_strategy!r}"
+            )
+        texts = [str(t) for t in items]
+        enc = self.processor.encode(texts, return_offsets_mapping=True, return_special_tokens_mask=True)
+        probs = softmax(self.forward(self.processor.feeds(enc))[self.output_names[0]].astype(np.float32))
+        results = []
+        for i in range(len(texts)):
+            tokens = self._tokens(enc, probs, i)
+            found = self._simple(tokens) if strategy == "simple" else tokens
+            results.append([e for e in found if e.get("entity", e.get("entity_group")) not in ignore_labels])
+        return results
+
+
+@register_pipeline("question-answering")
+class QuestionAnsweringPipeline(ONNXPipeline):
+    """``{'score', 'start', 'end', 'answer'}`` per (question, context), with transformers' span decoding."""
+
+    def normalize(self, inputs: Any, kwargs: dict[str, Any]) -> tuple[list[Any], bool]:
+        if inputs is None and "question" in kwargs:
+            question, context = kwargs.pop("question"), kwargs.pop("context", None)
+            if isinstance(question, list):
+                contexts = context if isinstance(context, list) else [context] * len(question)
+                return [{"question": q, "context": c} for q, c in zip(question, contexts, strict=True)], False
+            inputs = {"question": question, "context": context}
+        items, single = super().normalize(inputs, kwargs)
+        for item in items:
+            if not isinstance(item, dict) or not item.get("question") or not item.get("context"):
+                raise InferenceError(
+                    "question-answering takes question=..., context=... (or dicts with both keys)"
+                )
+        return items, single
+
+    def __call__(self, inputs: Any = None, *, batch_size: int | None = None, **kwargs: Any) -> Any:
+        items, single = self.normalize(inputs, kwargs)
+        return super().__call__(items[0] if single else items, batch_size=batch_size, **kwargs)
+
+    def run_batch(
+        self,
+        items: list[dict[str, str]],
+        max_answer_len: int = 15,
+        handle_impossible_answer: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        from transformers.pipelines.question_answering import select_starts_ends
+
+        questions = [str(it["question"]) for it in items]
+        contexts = [str(it["context"]) for it in items]
+        enc = self.processor.encode(
+            questions, contexts, truncation="only_second", return_offsets_mapping=True
+        )
+        out = self.forward(self.processor.feeds(enc))
+        start_logits, end_logits = out[self.output_names[0]], out[self.output_names[1]]
+        cls_id = self.processor.tokenizer.cls_token_id
+        results = []
+        for i, context in enumerate(contexts):
+            p_mask = np.array([s != 1 for s in enc.sequence_ids(i)], dtype=np.int64)
+            ids = enc["input_ids"][i]
+            if cls_id is not None:
+                p_mask[np.flatnonzero(ids == cls_id)] = 0
+            starts, ends, scores, _ = select_starts_ends(
+                start_logits[i : i + 1],
+                end_logits[i : i + 1],
+                p_mask[None],
+                enc["attention_mask"][i : i + 1],
+                1_000_000,
+                1,
+                handle_impossible_answer,
+                max_answer_len,
+            )
+            offsets = enc["offset_mapping"][i]
+            s, e = int(offsets[starts[0]][0]), int(offsets[ends[0]][1])
+            results.append({"score": float(scores[0]), "start": s, "end": e, "answer": context[s:e]})
+        return results

@@ -1,0 +1,24 @@
+"""Processors: raw texts, images and audio -> feeds shaped for the graph (pad/crop to fixed dims)."""
+
+from __future__ import annotations
+
+from .audio import ONNXFeatureExtractor, read_audio
+from .auto import PROCESSORS, ONNXAutoProcessor, ONNXProcessor, ProcessorSources, register_processor
+from .base import BaseONNXProcessor
+from .image import ONNXImageProcessor, to_array
+from .text import ONNXTokenizer, load_tokenizer
+
+__all__ = [
+    "BaseONNXProcessor",
+    "ONNXAutoProcessor",
+    "ONNXFeatureExtractor",
+    "ONNXImageProcessor",
+    "ONNXProcessor",
+    "ONNXTokenizer",
+    "PROCESSORS",
+    "ProcessorSources",
+    "load_tokenizer",
+    "read_audio",
+    "register_processor",
+    "to_array",
+]

@@ -1,0 +1,194 @@
+"""``ONNXAutoProcessor``: pick and build the processor a model needs, from its graph, metadata and files.
+
+Processor kinds join a registry with a predicate over the graph inputs; the first match (in
+registration order: multimodal, text, image, audio) builds the processor from the embedded
+``hf_processor_config``, the folder's processor files, and the graph's fixed or dynamic dims.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...errors import InferenceError, MetadataError
+from ...metadata.schema import KEY_MODEL_CONFIG, KEY_PROCESSOR_CONFIG
+from ...metadata.store import read_metadata, resolve_model_file
+from ..graph import GraphInput, graph_inputs
+from .audio import ONNXFeatureExtractor
+from .base import BaseONNXProcessor
+from .image import ONNXImageProcessor
+from .text import ONNXTokenizer, load_tokenizer
+
+__all__ = ["ONNXAutoProcessor", "ONNXProcessor", "ProcessorSources", "PROCESSORS", "register_processor"]
+
+
+@dataclass
+class ProcessorSources:
+    """Everything a processor can be built from."""
+
+    folder: Path | None
+    inputs: list[GraphInput]
+    processor_config: dict[str, Any]
+    model_config: dict[str, Any]
+    tokenizer: Any = None
+
+    def section(self, kind: str) -> dict[str, Any]:
+        """The image_processor / feature_extractor config: embedded first, then the folder's file."""
+        if kind in (self.processor_config.get("processor_kinds") or ()):
+            return dict(self.processor_config)
+        file = self.folder / "preprocessor_config.json" if self.folder else None
+        if file and file.is_file():
+            from ...metadata.build import classify_processor_config
+
+            data = json.loads(file.read_text(encoding="utf-8"))
+            if classify_processor_config(data) == kind:
+                return data
+        return {}
+
+    def tokenizer_or_load(self) -> Any:
+        return self.tokenizer if self.tokenizer is not None else load_tokenizer(self.folder)
+
+
+_Predicate = Callable[[ProcessorSources], bool]
+_Builder = Callable[[ProcessorSources], BaseONNXProcessor]
+PROCESSORS: dict[str, tuple[_Predicate, _Builder]] = {}
+
+
+def register_processor(name: str, predicate: _Predicate) -> Callable[[_Builder], _Builder]:
+    """Register a processor kind: ``predicate(sources)`` says whether it fits, the builder makes it."""
+
+    def deco(builder: _Builder) -> _Builder:
+        PROCESSORS[name] = (predicate, builder)
+        return builder
+
+    return deco
+
+
+def _has_text(s: ProcessorSources) -> bool:
+    return any(i.name == "input_ids" or (i.dtype.startswith("int") and len(i.shape) == 2) for i in s.inputs)
+
+
+def _has_image(s: ProcessorSources) -> bool:
+    return any(len(i.shape) == 4 and i.dtype.startswith("float") for i in s.inputs)
+
+
+def _has_audio(s: ProcessorSources) -> bool:
+    names = {i.name for i in s.inputs}
+    return bool({"input_values", "input_features"} & names) or bool(s.section("feature_extractor"))
+
+
+class ONNXProcessor(BaseONNXProcessor):
+    """Several modalities at once (e.g. text + image): each part fills its own graph inputs."""
+
+    kind = "processor"
+    modality = "texts+images"
+
+    def __init__(self, parts: list[BaseONNXProcessor], inputs: list[GraphInput]) -> None:
+        super().__init__(inputs)
+        self.parts = parts
+
+    def __call__(
+        self, texts: Any = None, images: Any = None, audio: Any = None, **kwargs: Any
+    ) -> dict[str, np.ndarray]:
+        given = {"texts": texts, "images": images, "audio": audio}
+        feeds: dict[str, np.ndarray] = {}
+        for part in self.parts:
+            if given.get(part.modality) is not None:
+                feeds.update(part(**{part.modality: given[part.modality]}))
+        return self.cast(feeds)
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "parts": [p.describe() for p in self.parts]}
+
+
+@register_processor("multimodal", lambda s: _has_text(s) and _has_image(s))
+def _multimodal(s: ProcessorSources) -> BaseONNXProcessor:
+    text_inputs = [i for i in s.inputs if len(i.shape) != 4]
+    tok = ONNXTokenizer(s.tokenizer_or_load(), text_inputs, s.model_config)
+    img = ONNXImageProcessor([i for i in s.inputs if len(i.shape) == 4], s.section("image_processor"))
+    return ONNXProcessor([tok, img], s.inputs)
+
+
+@register_processor("text", _has_text)
+def _text(s: ProcessorSources) -> BaseONNXProcessor:
+    return ONNXTokenizer(s.tokenizer_or_load(), s.inputs, s.model_config)
+
+
+@register_processor("image", _has_image)
+def _image(s: ProcessorSources) -> BaseONNXProcessor:
+    cfg = s.section("image_processor")
+    if "num_channels" not in cfg and s.model_config.get("num_channels"):
+        cfg["num_channels"] = s.model_config["num_channels"]
+    return ONNXImageProcessor(s.inputs, cfg)
+
+
+@register_processor("audio", _has_audio)
+def _audio(s: ProcessorSources) -> BaseONNXProcessor:
+    return ONNXFeatureExtractor(s.inputs, s.section("feature_extractor"))
+
+
+def _folder_config(folder: Path | None) -> dict[str, Any]:
+    file = folder / "config.json" if folder else None
+    return json.loads(file.read_text(encoding="utf-8")) if file and file.is_file() else {}
+
+
+class ONNXAutoProcessor:
+    """Factory: ``ONNXAutoProcessor.from_model("model.onnx")`` -> the processor this graph needs."""
+
+    @classmethod
+    def sources(
+        cls,
+        model: str | os.PathLike[str],
+        *,
+        session: Any = None,
+        metadata: dict[str, Any] | None = None,
+        tokenizer: Any = None,
+    ) -> ProcessorSources:
+        """Graph inputs (from a session, the metadata or the file), embedded configs and the folder's files."""
+        file = resolve_model_file(model)
+        meta = read_metadata(file) if metadata is None else metadata
+        return ProcessorSources(
+            folder=file.parent,
+            inputs=graph_inputs(session if session is not None else file, meta),
+            processor_config=dict(meta.get(KEY_PROCESSOR_CONFIG) or {}),
+            model_config=dict(meta.get(KEY_MODEL_CONFIG) or _folder_config(file.parent)),
+            tokenizer=tokenizer,
+        )
+
+    @classmethod
+    def from_sources(cls, sources: ProcessorSources) -> BaseONNXProcessor:
+        for predicate, builder in PROCESSORS.values():
+            if predicate(sources):
+                return builder(sources)
+        raise MetadataError(
+            f"cannot tell which processor the inputs {[i.to_dict() for i in sources.inputs]} need (tried {', '.join(PROCESSORS)})",
+            hint="pass data_processor=... explicitly",
+        )
+
+    @classmethod
+    def from_model(cls, model: str | os.PathLike[str], **kwargs: Any) -> BaseONNXProcessor:
+        """The processor for ``model`` (a .onnx file or an output folder)."""
+        return cls.from_sources(cls.sources(model, **kwargs))
+
+    @classmethod
+    def wrap(cls, processor: Any, sources: ProcessorSources) -> BaseONNXProcessor:
+        """Our processor from a transformers tokenizer / image processor / feature extractor object."""
+        if isinstance(processor, BaseONNXProcessor):
+            return processor
+        if hasattr(processor, "convert_tokens_to_ids"):
+            return ONNXTokenizer(processor, sources.inputs, sources.model_config)
+        to_dict = getattr(processor, "to_dict", None)
+        if to_dict is None:
+            raise InferenceError(
+                f"data_processor of type {type(processor).__name__} is not a tokenizer or a processor"
+            )
+        cfg = to_dict()
+        if "sampling_rate" in cfg and "image_mean" not in cfg:
+            return ONNXFeatureExtractor(sources.inputs, cfg)
+        return ONNXImageProcessor(sources.inputs, cfg)

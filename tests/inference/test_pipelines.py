@@ -1,0 +1,263 @@
+"""Pipelines: auto-detected from the metadata, same outputs as transformers' pipelines, batching, policies, CLI."""
+
+from __future__ import annotations
+
+import shutil
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import modelexport
+from modelexport.cli.app import main
+from modelexport.errors import ConfigError, MetadataIntegrityError, TaskDetectionError
+from modelexport.inference import PIPELINES, create_pipeline, pipeline
+from modelexport.metadata import write_metadata
+from tests.inference.tiny_tasks import CNN_LABELS
+
+RNG = np.random.RandomState(1)
+TEXTS = ["i love this movie", "what a terrible city", "john lives in london", "hello world", "good"]
+
+
+def _image(h: int = 30, w: int = 30) -> Image.Image:
+    return Image.fromarray((RNG.rand(h, w, 3) * 255).astype(np.uint8))
+
+
+def _close(a: Any, b: Any, tol: float = 1e-4) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _close(a[k], b[k], tol)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _close(x, y, tol)
+    elif isinstance(a, (float, np.floating)):
+        assert abs(float(a) - float(b)) <= tol
+    else:
+        assert a == b
+
+
+#: task -> (tiny model, call args, call kwargs). Every registered pipeline has a case (checked below).
+CASES: dict[str, tuple[str, Any, dict[str, Any]]] = {
+    "feature-extraction": ("minilm", lambda: ("the capital of france is paris",), {}),
+    "text-classification": ("seq_cls", lambda: (TEXTS[:2],), {}),
+    "token-classification": ("token_cls", lambda: ("john lives in paris",), {}),
+    "question-answering": (
+        "qa",
+        lambda: (),
+        {"question": "who lives in paris ?", "context": "john lives in paris , the capital of france ."},
+    ),
+    "image-classification": ("image_cls", lambda: ([_image(), _image(40, 20)],), {}),
+    "audio-classification": ("audio_cls", lambda: ([RNG.randn(6000).astype(np.float32)],), {"top_k": 2}),
+    "object-detection": ("object_det", lambda: ([_image(48, 80), _image(30, 30)],), {"threshold": 0.0}),
+}
+
+
+@pytest.mark.must
+def test_every_registered_pipeline_has_a_case() -> None:
+    assert set(PIPELINES) == set(CASES)
+
+
+@pytest.mark.must
+@pytest.mark.parametrize("task", list(CASES))
+def test_pipeline_equals_transformers(
+    task: str, task_export: Any, task_source: Any, minilm_export: Any, minilm_dir: Path
+) -> None:
+    import transformers
+
+    name, args, kwargs = CASES[task]
+    result = minilm_export if name == "minilm" else task_export(name)
+    ours = modelexport.pipeline(model=result.output_dir)  # task detected from the metadata
+    assert ours.task == task
+    call_args = args()
+    got = ours(*call_args, **kwargs)
+    source = minilm_dir if name == "minilm" else task_source(name)
+    ref = transformers.pipeline(task, model=str(source))
+    _close(got, ref(*call_args, **kwargs), tol=1e-4)
+
+
+@pytest.mark.sanity
+def test_token_classification_simple_aggregation(task_export: Any, task_source: Any) -> None:
+    import transformers
+
+    text = "john lives in paris , the capital of france"
+    ours = pipeline(model=task_export("token_cls").output_dir)(text, aggregation_strategy="simple")
+    ref = transformers.pipeline(
+        "token-classification", model=str(task_source("token_cls")), aggregation_strategy="simple"
+    )
+    assert ours and any(e["word"].count(" ") for e in ours)  # groups of several tokens
+    _close(ours, ref(text), tol=1e-5)
+    with pytest.raises(ConfigError, match="aggregation_strategy"):
+        pipeline(model=task_export("token_cls").output_dir)(text, aggregation_strategy="max")
+
+
+@pytest.mark.must
+def test_batches_equal_single_runs(task_export: Any) -> None:
+    pipe = pipeline(model=task_export("seq_cls").output_dir, batch_size=2)
+    batched = pipe(TEXTS, top_k=None)
+    single = [pipe(t, top_k=None, batch_size=1) for t in TEXTS]
+    _close(batched, single, tol=1e-5)
+    assert pipe(TEXTS[0]) == [pipe(TEXTS[0], top_k=1)[0]]  # transformers' legacy single-input format
+
+
+@pytest.mark.must
+def test_plain_cnn_pipeline_from_metadata_alone(cnn_export: Any, tmp_path: Path) -> None:
+    """Only model.onnx: task, labels and pre-processing come from the embedded metadata."""
+    import torch
+
+    from tests.inference.tiny_tasks import plain_cnn
+
+    lone = tmp_path / "model.onnx"
+    shutil.copy(cnn_export.onnx_path, lone)
+    pipe = modelexport.pipeline(model=lone)
+    image = _image(28, 28)
+    got = pipe(image, top_k=None)
+    gray = np.asarray(image.convert("L").resize((8, 8), Image.BILINEAR), dtype=np.float32)
+    x = torch.from_numpy(((gray / 255 - 0.5) / 0.5)[None, None].astype(np.float32))
+    with torch.no_grad():
+        probs = torch.softmax(plain_cnn()(x), -1)[0].numpy()
+    expected = sorted(
+        ({"label": CNN_LABELS[i], "score": float(p)} for i, p in enumerate(probs)), key=lambda d: -d["score"]
+    )
+    _close(got, expected, tol=1e-4)
+
+
+@pytest.mark.must
+def test_fixed_batch_graph_is_padded_and_cut_back(cnn_static_export: Any, cnn_export: Any) -> None:
+    static = pipeline(model=cnn_static_export.output_dir, batch_size=4)
+    assert static.processor.fixed_batch == 2 and static.processor.fixed_hw == (8, 8)
+    images = [_image(9, 9), _image(16, 12), _image(8, 8)]
+    got = static(images, top_k=None)  # batches of 2 then 1 (padded to 2)
+    _close(got, pipeline(model=cnn_export.output_dir)(images, top_k=None), tol=1e-5)
+
+
+@pytest.mark.must
+def test_no_metadata_no_task_is_a_clear_error(cnn_nometa_export: Any) -> None:
+    with pytest.raises(TaskDetectionError, match="no embedded task"):
+        pipeline(model=cnn_nometa_export.output_dir)
+    out = pipeline("image-classification", cnn_nometa_export.output_dir)(np.zeros((8, 8), np.uint8))
+    assert [d["label"] for d in out] == ["LABEL_0", "LABEL_1", "LABEL_2", "LABEL_3"] or len(out) == 4
+
+
+@pytest.mark.sanity
+def test_create_pipeline_routes_the_processor(task_export: Any) -> None:
+    from transformers import AutoTokenizer, ViTImageProcessor
+
+    folder = task_export("seq_cls").output_dir
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    pipe = create_pipeline(None, folder, data_processor=tok)
+    assert pipe.processor.tokenizer is tok and pipe.processor_arg == "tokenizer"
+    image_folder = task_export("image_cls").output_dir
+    pipe = create_pipeline(
+        "image-classification",
+        image_folder,
+        data_processor=ViTImageProcessor.from_pretrained(str(image_folder)),
+    )
+    assert pipe.processor.kind == "image_processor"
+    with pytest.raises(ConfigError, match="needs a image_processor"):
+        pipeline("image-classification", image_folder, data_processor=tok)
+
+
+@pytest.mark.sanity
+def test_unknown_task_and_unsupported_task(task_export: Any) -> None:
+    folder = task_export("seq_cls").output_dir
+    with pytest.raises(ConfigError, match="unknown task"):
+        pipeline("translate-everything", folder)
+    with pytest.raises(TaskDetectionError, match="no pipeline for task"):
+        pipeline("fill-mask", folder)
+
+
+@pytest.mark.must
+def test_embedded_test_time_policy_is_applied(cnn_export: Any, tmp_path: Path) -> None:
+    from modelexport.testtime.engine import TestTimeEngine
+    from modelexport.testtime.policy import TestTimePolicy
+
+    dst = tmp_path / "pkg"
+    shutil.copytree(cnn_export.output_dir, dst)
+    policy = TestTimePolicy(tta_transforms=("identity", "hflip"), modality="image")
+    write_metadata(dst, {"modelexport.test_time_policy": policy.to_dict()})
+    image = _image(8, 8)
+    pipe = pipeline(model=dst)
+    assert pipe.policy == policy
+    got = pipe(image, top_k=None)
+    feeds = pipe.processor(images=[image])
+    probs = TestTimeEngine(dst / "model.onnx", policy).predict(feeds)[0]
+    assert {d["label"]: d["score"] for d in got} == pytest.approx(
+        {CNN_LABELS[i]: float(p) for i, p in enumerate(probs)}, abs=1e-5
+    )
+    plain = pipeline(model=dst, test_time_policy=False)(image, top_k=None)
+    assert plain != got  # the flip view changes the scores
+
+
+@pytest.mark.smoke
+def test_infer_cli_text_image_audio(
+    task_export: Any, cnn_export: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            ["infer", str(task_export("seq_cls").output_dir), "--text", "i love this movie", "--text", "bad"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert (
+        "task: text-classification" in out and "latency:" in out and "'label'" not in out and '"label"' in out
+    )
+    img = tmp_path / "x.png"
+    _image(12, 12).save(img)
+    assert main(["infer", str(cnn_export.output_dir), "--image", str(img), "--top-k", "2", "--json"]) == 0
+    import json
+
+    doc = json.loads(capsys.readouterr().out)
+    assert (
+        len(doc["predictions"][0]) == 2
+        and doc["provider"] == "CPUExecutionProvider"
+        and doc["latency_ms"]["run"] > 0
+    )
+    wav = tmp_path / "a.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes((RNG.randn(4000) * 3000).astype(np.int16).tobytes())
+    assert main(["infer", str(task_export("audio_cls").output_dir), "--audio", str(wav)]) == 0
+    assert "audio-classification" in capsys.readouterr().out
+    text_dir = str(task_export("seq_cls").output_dir)
+    assert main(["infer", text_dir, "--text", "good", "--ep", "tensorrt,cuda", "--batch-size", "2"]) == 0
+    assert (
+        "provider: CPUExecutionProvider" in capsys.readouterr().out
+    )  # unavailable providers skipped, CPU last
+    qa = task_export("qa").output_dir
+    assert (
+        main(["infer", str(qa), "--question", "who lives in paris ?", "--text", "john lives in paris ."]) == 0
+    )
+    assert '"answer"' in capsys.readouterr().out
+
+
+@pytest.mark.must
+def test_infer_cli_bad_input(
+    task_export: Any, cnn_export: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = task_export("seq_cls").output_dir
+    assert main(["infer", str(folder)]) == 1
+    assert "exactly one kind of input" in capsys.readouterr().err
+    assert main(["infer", str(folder), "--text", "x", "--ep", "nonsense"]) == 1
+    assert "unknown execution provider" in capsys.readouterr().err
+    dst = tmp_path / "pkg"
+    shutil.copytree(cnn_export.output_dir, dst)
+    import onnx
+
+    proto = onnx.load(str(dst / "model.onnx"))
+    next(
+        p for p in proto.metadata_props if p.key == "hf_model_config"
+    ).value = '{"id2label": {"0": "hacked"}}'
+    onnx.save(proto, str(dst / "model.onnx"))
+    with pytest.raises(MetadataIntegrityError):
+        pipeline(model=dst)
+    img = tmp_path / "x.png"
+    _image().save(img)
+    assert main(["infer", str(dst), "--image", str(img)]) == 1
+    err = capsys.readouterr().err
+    assert "checksum mismatch" in err and "Hint:" in err

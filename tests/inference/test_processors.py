@@ -1,0 +1,188 @@
+"""Processors: shapes from the graph (fixed: pad/crop; dynamic: natural), equal to transformers' processors."""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from modelexport.errors import InferenceError, MetadataError
+from modelexport.inference import (
+    ONNXAutoProcessor,
+    ONNXFeatureExtractor,
+    ONNXImageProcessor,
+    ONNXProcessor,
+    ONNXTokenizer,
+)
+from modelexport.inference.graph import GraphInput
+from modelexport.inference.processors import PROCESSORS, ProcessorSources
+from tests.inference.tiny_tasks import CNN_PROCESSOR
+
+RNG = np.random.RandomState(0)
+
+
+def _rgb(h: int = 40, w: int = 50) -> np.ndarray:
+    return (RNG.rand(h, w, 3) * 255).astype(np.uint8)
+
+
+@pytest.mark.must
+@pytest.mark.parametrize(
+    ("name", "cls"),
+    [("seq_cls", ONNXTokenizer), ("image_cls", ONNXImageProcessor), ("audio_cls", ONNXFeatureExtractor)],
+)
+def test_auto_processor_picks_the_kind(task_export: Any, name: str, cls: type) -> None:
+    proc = ONNXAutoProcessor.from_model(task_export(name).onnx_path)
+    assert type(proc) is cls
+    assert proc.describe()["inputs"]
+
+
+@pytest.mark.must
+def test_tokenizer_dynamic_pads_to_longest(task_export: Any) -> None:
+    from transformers import AutoTokenizer
+
+    folder = task_export("seq_cls").output_dir
+    proc = ONNXAutoProcessor.from_model(folder)
+    texts = ["hello world", "the big river is in the city of london"]
+    feeds = proc(texts=texts)
+    ref = AutoTokenizer.from_pretrained(str(folder))(texts, padding=True, return_tensors="np")
+    assert set(feeds) == {"input_ids", "attention_mask", "token_type_ids"}
+    for key, value in feeds.items():
+        np.testing.assert_array_equal(value, ref[key])
+        assert value.dtype == np.int64
+
+
+@pytest.mark.must
+def test_tokenizer_fixed_length_pads_and_truncates(task_export: Any) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(task_export("seq_cls").output_dir))
+    inputs = [GraphInput("input_ids", (None, 8), "int32"), GraphInput("attention_mask", (None, 8), "int32")]
+    feeds = ONNXTokenizer(tok, inputs)(texts=["hi", "the big river is in the city of london and paris"])
+    assert feeds["input_ids"].shape == (2, 8) and feeds["input_ids"].dtype == np.int32
+    assert feeds["attention_mask"][0].sum() < 8 and feeds["attention_mask"][1].sum() == 8
+    assert "token_type_ids" not in feeds  # only what the graph takes
+
+
+@pytest.mark.must
+def test_image_processor_equals_transformers_vit(task_export: Any) -> None:
+    from transformers import ViTImageProcessor
+
+    folder = task_export("image_cls").output_dir
+    images = [_rgb(), _rgb(20, 33)]
+    ours = ONNXAutoProcessor.from_model(folder)(images=images)["pixel_values"]
+    ref = ViTImageProcessor.from_pretrained(str(folder))(images=images, return_tensors="np")["pixel_values"]
+    assert ours.shape == ref.shape == (2, 3, 32, 32)
+    assert np.abs(ours - ref).max() < 1e-5
+
+
+@pytest.mark.must
+def test_one_channel_graph_gets_grayscale_at_the_fixed_size(tmp_path: Path) -> None:
+    proc = ONNXImageProcessor([GraphInput("x", (None, 1, 8, 8))], CNN_PROCESSOR)
+    rgb = _rgb(20, 24)
+    path = tmp_path / "digit.png"
+    Image.fromarray(rgb).save(path)
+    gray = np.asarray(Image.fromarray(rgb).convert("L"))
+    forms = [Image.fromarray(rgb), str(path), rgb, gray, gray[:, :, None], gray.astype(np.float32) / 255]
+    batch = proc(images=forms)["x"]
+    assert batch.shape == (6, 1, 8, 8) and batch.dtype == np.float32
+    expected = (np.asarray(Image.fromarray(gray).resize((8, 8), Image.BILINEAR)) / 255 - 0.5) / 0.5
+    for row in batch[:5]:
+        assert np.abs(row[0] - expected).max() < 1e-5
+    assert np.abs(batch[5, 0] - expected).max() < 0.02  # float input resized in float: close, not bit-equal
+
+
+@pytest.mark.sanity
+def test_dynamic_image_size_keeps_natural_size_and_pads() -> None:
+    proc = ONNXImageProcessor([GraphInput("pixel_values", (None, 3, None, None))], {"do_resize": False})
+    out = proc(images=[_rgb(10, 12), _rgb(14, 9)])["pixel_values"]
+    assert out.shape == (2, 3, 14, 12)
+    assert np.all(out[0, :, 10:, :] == 0)
+
+
+@pytest.mark.sanity
+@pytest.mark.parametrize("bad", [np.zeros((2, 3, 4, 5)), np.zeros((4, 4, 2)), "missing.png"])
+def test_bad_images_are_inference_errors(bad: Any) -> None:
+    proc = ONNXImageProcessor([GraphInput("x", (None, 1, 8, 8))], CNN_PROCESSOR)
+    with pytest.raises(InferenceError):
+        proc(images=[bad])
+
+
+def _write_wav(path: Path, samples: np.ndarray, rate: int) -> None:
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+
+
+@pytest.mark.must
+def test_feature_extractor_equals_transformers_and_reads_wav(task_export: Any, tmp_path: Path) -> None:
+    from transformers import Wav2Vec2FeatureExtractor
+
+    folder = task_export("audio_cls").output_dir
+    proc = ONNXAutoProcessor.from_model(folder)
+    waves = [RNG.randn(4000).astype(np.float32) * 0.1, RNG.randn(2500).astype(np.float32) * 0.1]
+    ours = proc(audio=waves)["input_values"]
+    ref = Wav2Vec2FeatureExtractor.from_pretrained(str(folder))(
+        waves, sampling_rate=16000, padding=True, return_tensors="np"
+    )
+    assert ours.shape == (2, 4000)
+    assert np.abs(ours - ref["input_values"]).max() < 1e-4
+    _write_wav(tmp_path / "a.wav", waves[0], 16000)
+    _write_wav(tmp_path / "b.wav", waves[0], 8000)
+    from_file = proc(audio=[str(tmp_path / "a.wav")])["input_values"]
+    assert np.abs(from_file - ours[:1]).max() < 1e-3
+    assert proc(audio=[str(tmp_path / "b.wav")])["input_values"].shape == (1, 8000)  # resampled to 16 kHz
+
+
+@pytest.mark.sanity
+def test_multimodal_processor(task_export: Any) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(task_export("seq_cls").output_dir))
+    inputs = [GraphInput("input_ids", (None, None), "int64"), GraphInput("pixel_values", (None, 3, 8, 8))]
+    proc = ONNXAutoProcessor.from_sources(
+        ProcessorSources(None, inputs, {"size": 8, "processor_kinds": ["image_processor"]}, {}, tokenizer=tok)
+    )
+    assert isinstance(proc, ONNXProcessor)
+    feeds = proc(texts=["hello world"], images=[_rgb()])
+    assert feeds["input_ids"].shape[0] == 1 and feeds["pixel_values"].shape == (1, 3, 8, 8)
+
+
+@pytest.mark.sanity
+def test_text_model_without_tokenizer_files_is_a_clear_error(task_export: Any, tmp_path: Path) -> None:
+    import shutil
+
+    shutil.copy(task_export("seq_cls").onnx_path, tmp_path / "model.onnx")
+    with pytest.raises(MetadataError, match="no tokenizer files"):
+        ONNXAutoProcessor.from_model(tmp_path / "model.onnx")
+
+
+@pytest.mark.must
+def test_every_registered_processor_kind_is_tested() -> None:
+    assert set(PROCESSORS) == {"multimodal", "text", "image", "audio"}
+
+
+@pytest.mark.regression
+def test_pipeline_engineer_cnn_config_form() -> None:
+    """The image classifier of `modelexport pipeline` embeds this form (do_resize False, per-channel stats)."""
+    mean, std = [0.2, 0.3, 0.4], [0.5, 0.6, 0.7]
+    cfg = {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": False,
+        "size": {"height": 8, "width": 8},
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": mean,
+        "image_std": std,
+        "num_channels": 3,
+    }
+    proc = ONNXImageProcessor([GraphInput("pixel_values", (None, 3, 8, 8))], cfg)
+    images = [(RNG.rand(8, 8, 3) * 255).astype(np.uint8) for _ in range(3)]
+    expected = ((np.stack(images) / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
+    assert np.abs(proc(images=images)["pixel_values"] - expected).max() < 1e-5
