@@ -59,12 +59,12 @@ def main() -> None:
         model = load(name)
         plain_export(model, args.exporter)  # warm-up: first export pays one-off import/compile costs
         with tempfile.TemporaryDirectory() as tmp:
-            plain = timed(lambda: plain_export(model, args.exporter), args.repeats)
+            plain = timed(lambda m=model: plain_export(m, args.exporter), args.repeats)
             tagged = timed(
-                lambda: modelexport.export(model, Path(tmp) / "t", exporter=args.exporter, validate=False, embed_metadata=False),
+                lambda m=model: modelexport.export(m, Path(tmp) / "t", exporter=args.exporter, validate=False, embed_metadata=False),
                 args.repeats,
             )
-            full = timed(lambda: modelexport.export(model, Path(tmp) / "f", exporter=args.exporter), args.repeats)
+            full = timed(lambda m=model: modelexport.export(m, Path(tmp) / "f", exporter=args.exporter), args.repeats)
         row = {
             "model": name,
             "exporter": args.exporter,

@@ -34,12 +34,12 @@ class ExportCache:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._results: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
+        self._results: dict[str, Any] = {}
 
     def get(self, name: str, factory: Any, **options: Any) -> Any:
         import modelexport
 
-        key = (name, tuple(sorted(options.items())))
+        key = f"{name}|{sorted(options.items())!r}"  # repr: options may hold dicts (id2label, ...)
         if key not in self._results:
             out = self.root / f"{name}-{len(self._results)}"
             import torch
@@ -72,6 +72,7 @@ def tiny_bert_export(export_cache: ExportCache) -> Any:
 def cnn_bn_export(export_cache: ExportCache) -> Any:
     """SmallCNN exported keeping BatchNormalization nodes (what BN adaptation needs)."""
     import torch
+
     from tests.models.torch_models import SmallCNN
 
     def make() -> Any:

@@ -7,13 +7,12 @@ torch, transformers and onnxruntime load only when a function that needs them is
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
-
-from ._version import __version__
+from typing import Any
 
 # The subpackage ``modelexport.export`` and the function ``modelexport.export`` share a name: import the
 # (torch-free) subpackage first so that binding happens now, then bind the name to the function.
 from . import export as _export_package  # noqa: F401
+from ._version import __version__
 from .export.api import export
 
 #: Public name -> "module:attribute" (resolved on first access).
@@ -23,7 +22,30 @@ _LAZY: dict[str, str] = {
     "InputSpec": "modelexport.export.config:InputSpec",
     "create_session": "modelexport.runtime.session:create_session",
     "SessionConfig": "modelexport.runtime.session:SessionConfig",
+    "pipeline": "modelexport.inference.pipelines.factory:pipeline",
+    "create_pipeline": "modelexport.inference.pipelines.factory:create_pipeline",
+    "ONNXAutoProcessor": "modelexport.inference.processors.auto:ONNXAutoProcessor",
+    "read_metadata": "modelexport.metadata.store:read_metadata",
+    "write_metadata": "modelexport.metadata.store:write_metadata",
+    "update_metadata": "modelexport.metadata.store:update_metadata",
+    "validate_optimum_compatibility": "modelexport.metadata.optimum:validate_optimum_compatibility",
     "errors": "modelexport.errors",
+    "quantize": "modelexport.optimize.quantize:quantize",
+    "QuantizeConfig": "modelexport.optimize.config:QuantizeConfig",
+    "optimize_model": "modelexport.optimize.graph:optimize_model",
+    "OptimizeConfig": "modelexport.optimize.config:OptimizeConfig",
+    "extract_module_subgraph": "modelexport.hierarchy.extract:extract_module_subgraph",
+    "ModuleSubgraph": "modelexport.hierarchy.extract:ModuleSubgraph",
+    "analyze": "modelexport.inspect.analyze:analyze",
+    "validate": "modelexport.inspect.validate:validate",
+    "compare": "modelexport.inspect.compare:compare",
+    "profile": "modelexport.inspect.profile:profile",
+    "TestTimeEngine": "modelexport.testtime.engine:TestTimeEngine",
+    "TestTimePolicy": "modelexport.testtime.policy:TestTimePolicy",
+    "evaluate": "modelexport.testtime.evaluate:evaluate",
+    "run_pipeline": "modelexport.train.workflow:run_pipeline",
+    "PipelineConfig": "modelexport.train.workflow:PipelineConfig",
+    "load_dataset": "modelexport.data.readers:load_dataset",
 }
 
 __all__ = ["__version__", "export", *sorted(_LAZY)]
@@ -43,9 +65,3 @@ def __getattr__(name: str) -> Any:
 def __dir__() -> list[str]:
     return __all__
 
-
-if TYPE_CHECKING:  # pragma: no cover
-    from . import errors
-    from .export.api import ExportResult
-    from .export.config import ExportConfig, InputSpec
-    from .runtime.session import SessionConfig, create_session

@@ -10,8 +10,8 @@ import onnx
 import pytest
 
 from modelexport.cli.app import main
-from modelexport.export.config import ExportConfig, InputSpec
 from modelexport.errors import ConfigError, InputSpecError
+from modelexport.export.config import ExportConfig, InputSpec
 
 
 def dims(model: onnx.ModelProto, name: str) -> list[Any]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -22,7 +20,7 @@ from modelexport.errors import (
     UnsupportedOperatorError,
 )
 from tests.models.hf_models import tiny_hf_model
-from tests.models.torch_models import SmallCNN, mlp
+from tests.models.torch_models import mlp
 
 
 @torch.library.custom_op("modelexport_test::scramble", mutates_args=())

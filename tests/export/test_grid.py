@@ -9,7 +9,6 @@ from typing import Any
 import onnx
 import pytest
 
-import modelexport
 from modelexport.hierarchy.tags import TAG_KEY, TAG_PATTERN, TAG_SOURCE_KEY
 from tests.models.hf_models import HF_TINY, tiny_hf_model
 from tests.models.torch_models import TORCH_MODELS

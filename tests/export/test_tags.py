@@ -8,7 +8,6 @@ from typing import Any
 import onnx
 import pytest
 
-import modelexport
 from modelexport.hierarchy import ModuleTree, TagRules
 from modelexport.hierarchy.tags import TAG_KEY, common_ancestor, parse_tag
 from tests.models.hf_models import tiny_hf_model
