@@ -17,6 +17,17 @@ __all__ = ["cli", "main", "COMMANDS"]
 #: Command name -> "module:attribute". Commands are imported only when used (fast --help).
 COMMANDS: dict[str, str] = {
     "export": "modelexport.cli.export:export_cmd",
+    "metadata": "modelexport.cli.metadata:metadata_cmd",
+    "infer": "modelexport.cli.infer:infer_cmd",
+    "quantize": "modelexport.cli.optimize:quantize_cmd",
+    "optimize": "modelexport.cli.optimize:optimize_cmd",
+    "analyze": "modelexport.cli.inspect:analyze_cmd",
+    "validate": "modelexport.cli.inspect:validate_cmd",
+    "compare": "modelexport.cli.inspect:compare_cmd",
+    "extract": "modelexport.cli.inspect:extract_cmd",
+    "profile": "modelexport.cli.inspect:profile_cmd",
+    "evaluate": "modelexport.cli.evaluate:evaluate_cmd",
+    "pipeline": "modelexport.cli.pipeline:pipeline_cmd",
 }
 
 _STATE = {"debug": False}

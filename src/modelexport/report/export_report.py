@@ -19,7 +19,7 @@ def render_export_report(result: Any, model_info: dict[str, Any]) -> str:
         f"- Tag coverage: {cov['coverage_pct']}% ({cov['tagged_nodes']}/{cov['total_nodes']}), "
         + ", ".join(f"{k}: {v}" for k, v in sorted(cov["by_source"].items())),
         f"- Unique tags: {cov['unique_tags']}",
-        f"- Topology vs plain torch.onnx.export: "
+        "- Topology vs plain torch.onnx.export: "
         + {True: "identical", False: "DIFFERENT", None: "not checked (use --verify-topology)"}[result.topology_identical],
     ]
     if result.parity:
