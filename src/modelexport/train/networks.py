@@ -14,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
 from ..data import Dataset
 from ..errors import ConfigError, ModelNotFoundError, TrainingError
@@ -27,8 +25,6 @@ __all__ = [
     "Network",
     "TextClassifier",
     "ImageClassifier",
-    "CompactCNN",
-    "ConvBNReLU",
     "build_network",
     "register_network",
     "default_base_model",
@@ -77,6 +73,8 @@ class Network:
 
     def logits(self, feeds: dict[str, np.ndarray]) -> Any:
         """Torch logits for encoded feeds."""
+        import torch
+
         return self.module(**{k: torch.from_numpy(v) for k, v in feeds.items()})
 
     def export_source(self, workdir: Path) -> tuple[Any, dict[str, Any]]:
@@ -96,16 +94,29 @@ class NetworkSpec:
     kind: str
     build: Callable[[Dataset, NetworkOptions], Network]
     description: str = ""
+    #: Training and test-time defaults for this network (the pipeline's unset options).
+    defaults: dict[str, Any] = field(default_factory=dict)
+    #: Whether the network has BatchNorm layers (BN adaptation applies).
+    has_batchnorm: bool = False
 
 
 NETWORKS: dict[str, NetworkSpec] = {}
 
 
-def register_network(name: str, kind: str, description: str = "") -> Callable[[Callable[..., Network]], Callable[..., Network]]:
+def register_network(
+    name: str,
+    kind: str,
+    description: str = "",
+    *,
+    defaults: dict[str, Any] | None = None,
+    has_batchnorm: bool = False,
+) -> Callable[[Callable[..., Network]], Callable[..., Network]]:
     """Decorator: make ``build(train_dataset, options)`` available as ``--model_type name``."""
 
-    def deco(fn: Callable[[Dataset, NetworkOptions], Network]) -> Callable[[Dataset, NetworkOptions], Network]:
-        NETWORKS[name] = NetworkSpec(name, kind, fn, description)
+    def deco(
+        fn: Callable[[Dataset, NetworkOptions], Network],
+    ) -> Callable[[Dataset, NetworkOptions], Network]:
+        NETWORKS[name] = NetworkSpec(name, kind, fn, description, dict(defaults or {}), has_batchnorm)
         return fn
 
     return deco
@@ -121,6 +132,8 @@ def build_network(model_type: str, dataset: Dataset, options: NetworkOptions | N
             f"model_type {model_type} needs a {spec.kind} dataset, but {dataset.source} holds {dataset.kind} examples",
             hint=f"use --model_type {next((n for n, s in NETWORKS.items() if s.kind == dataset.kind), '?')}",
         )
+    import torch
+
     torch.manual_seed((options or NetworkOptions()).seed)
     return spec.build(dataset, options or NetworkOptions())
 
@@ -173,47 +186,17 @@ class TextClassifier(Network):
         return str(folder), {"task": "text-classification"}
 
 
-@register_network("text_classifier", "text", "Hugging Face encoder + classification head (fine-tuned)")
+@register_network(
+    "text_classifier",
+    "text",
+    "Hugging Face encoder + classification head (fine-tuned)",
+    defaults={"epochs": 1, "batch_size": 32, "learning_rate": 1e-4, "tta": False, "ttt": False},
+)
 def _build_text(dataset: Dataset, options: NetworkOptions) -> Network:
     return TextClassifier(options.base_model or default_base_model(), dataset.id2label, options.max_length)
 
 
 # --- images: a compact CNN with BatchNorm --------------------------------------------------------
-
-
-class ConvBNReLU(nn.Module):
-    """3x3 convolution, BatchNorm, ReLU: the BatchNorm statistics are what BN adaptation updates."""
-
-    def __init__(self, cin: int, cout: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
-        self.bn = nn.BatchNorm2d(cout)
-        self.act = nn.ReLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.bn(self.conv(x)))
-
-
-class CompactCNN(nn.Module):
-    """Conv-BN-ReLU stages, halving the resolution until it is at most 4x4, then global average pooling.
-
-    BatchNorm makes BN adaptation (test-time training) applicable; pooling keeps the head small.
-    """
-
-    def __init__(self, in_channels: int, num_classes: int, image_size: tuple[int, int], width: int = 32) -> None:
-        super().__init__()
-        stages: list[nn.Module] = [ConvBNReLU(in_channels, width), ConvBNReLU(width, width)]
-        cin, side = width, min(image_size)
-        while side > 4:
-            cout = min(cin * 2, 256)
-            stages += [nn.MaxPool2d(2), ConvBNReLU(cin, cout)]
-            cin, side = cout, side // 2
-        self.features = nn.Sequential(*stages)
-        self.dropout = nn.Dropout(0.2)
-        self.classifier = nn.Linear(cin, num_classes)
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.dropout(self.features(pixel_values).mean(dim=(2, 3))))
 
 
 @dataclass
@@ -233,13 +216,17 @@ class ImageClassifier(Network):
 
     def __post_init__(self) -> None:
         if self.module is None:
+            from .cnn import CompactCNN
+
             self.module = CompactCNN(self.channels, len(self.id2label), self.image_size)
 
     def encode(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         shapes = {tuple(np.shape(img)) for img in inputs}
         want = (*self.image_size, self.channels)
         if shapes != {want}:
-            raise TrainingError(f"images must be {want} (H, W, C) uint8 arrays, got shapes {sorted(shapes)[:3]}")
+            raise TrainingError(
+                f"images must be {want} (H, W, C) uint8 arrays, got shapes {sorted(shapes)[:3]}"
+            )
         x = np.stack(inputs).astype(np.float32) / 255.0
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         return {"pixel_values": np.ascontiguousarray(x.transpose(0, 3, 1, 2))}
@@ -273,7 +260,13 @@ class ImageClassifier(Network):
         }
 
 
-@register_network("image_classifier", "image", "compact CNN with BatchNorm (trained from scratch)")
+@register_network(
+    "image_classifier",
+    "image",
+    "compact CNN with BatchNorm (trained from scratch)",
+    defaults={"epochs": 10, "batch_size": 32, "learning_rate": 3e-3, "tta": True, "ttt": True},
+    has_batchnorm=True,
+)
 def _build_image(dataset: Dataset, options: NetworkOptions) -> Network:
     stack = np.stack(dataset.images).astype(np.float32) / 255.0  # type: ignore[arg-type]
     h, w, c = stack.shape[1:]

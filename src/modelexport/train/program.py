@@ -28,7 +28,8 @@ __all__ = [
     "softmax",
 ]
 
-Backend = Callable[[dict[str, np.ndarray]], np.ndarray]
+#: A backend turns a batch of raw inputs (texts or images) into class probabilities (N, K).
+Backend = Callable[[Sequence[Any]], np.ndarray]
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -38,46 +39,69 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class TorchBackend:
-    """Logits from the torch network in eval mode (training and validation)."""
+    """The torch network in eval mode (training and validation)."""
 
     name = "torch"
+    provider = "torch"
 
     def __init__(self, network: Network) -> None:
         self.network = network
 
-    def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    def __call__(self, inputs: Sequence[Any]) -> np.ndarray:
         import torch
 
         was_training = self.network.module.training
         self.network.module.eval()
         try:
             with torch.no_grad():
-                return self.network.logits(feeds).detach().cpu().numpy()
+                return softmax(self.network.logits(self.network.encode(inputs)).detach().cpu().numpy())
         finally:
             self.network.module.train(was_training)
 
 
 class OnnxBackend:
-    """Logits from an ONNX Runtime session (what is deployed); provider fallback via ``create_session``."""
+    """An ONNX Runtime session on the exported model, through a test-time policy engine.
+
+    A plain policy is one session run per batch; TTA, BN adaptation or Tent spend more compute as the
+    policy says (``modelexport.testtime.TestTimeEngine``). Providers fall back in order, CPU last.
+    """
 
     name = "onnxruntime"
 
-    def __init__(self, model_path: str | Path, providers: Sequence[str] | None = None) -> None:
-        from ..runtime.session import create_session
+    def __init__(
+        self,
+        network: Network,
+        model_path: str | Path,
+        providers: Sequence[str] | None = None,
+        policy: Any = None,
+    ) -> None:
+        from ..testtime.engine import TestTimeEngine
+        from ..testtime.policy import TestTimePolicy
 
+        self.network = network
         self.model_path = Path(model_path)
-        self.session, self.info = create_session(self.model_path, providers=tuple(providers or ()))
-        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.policy = policy or TestTimePolicy()
+        self.providers = tuple(providers or ())
+        self.engine = TestTimeEngine(self.model_path, self.policy, self.providers)
 
     @property
     def provider(self) -> str:
-        return self.info.provider
+        return self.engine.session_info.provider
 
-    def __call__(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
-        missing = [n for n in self.input_names if n not in feeds]
+    def __call__(self, inputs: Sequence[Any]) -> np.ndarray:
+        if self.engine.modality == "text" and self.policy.tta_transforms:
+            return self.engine.predict_texts(list(inputs), lambda texts: self.network.encode(texts))
+        return self.engine.predict(self._feeds(inputs))
+
+    def _feeds(self, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
+        feeds = self.network.encode(inputs)
+        names = [i.name for i in self.engine.inputs]
+        missing = [n for n in names if n not in feeds]
         if missing:
-            raise InferenceError(f"{self.model_path.name} needs inputs {missing}; the encoder gave {sorted(feeds)}")
-        return self.session.run(None, {n: feeds[n] for n in self.input_names})[0]
+            raise InferenceError(
+                f"{self.model_path.name} needs inputs {missing}; the encoder gave {sorted(feeds)}"
+            )
+        return {n: feeds[n] for n in names}
 
 
 def _key(value: Any) -> Any:
@@ -89,14 +113,17 @@ def _key(value: Any) -> Any:
 class ClassifierProgram(dspy.Module):
     """A classifier with DSPy's interface; ``backend`` is the torch network or a deployed ONNX model."""
 
-    def __init__(self, network: Network, batch_size: int = 64) -> None:
+    def __init__(self, network: Network, batch_size: int = 64, progress: bool = False) -> None:
         super().__init__()
         self.network = network
         self.batch_size = batch_size
+        self.progress = progress
         self.label_names = [network.id2label[i] for i in range(len(network.id2label))]
         self.label2id = {name: i for i, name in enumerate(self.label_names)}
         self.backend: Backend = TorchBackend(network)
         self._cache: dict[Any, dspy.Prediction] = {}
+        self.training_summary: Any = None  # set by TorchWeightOptimizer
+        self.policy_search: Any = None  # set by TestTimePolicyOptimizer
 
     @property
     def input_field(self) -> str:
@@ -112,8 +139,15 @@ class ClassifierProgram(dspy.Module):
 
     def probabilities(self, inputs: Sequence[Any], batch_size: int | None = None) -> np.ndarray:
         """Class probabilities ``(N, K)`` in batches through the current backend."""
+        from tqdm.auto import tqdm
+
         size = batch_size or self.batch_size
-        parts = [softmax(self.backend(self.network.encode(inputs[i : i + size]))) for i in range(0, len(inputs), size)]
+        starts = range(0, len(inputs), size)
+        quiet = not self.progress or len(starts) < 8
+        parts = [
+            self.backend(inputs[i : i + size])
+            for i in tqdm(starts, desc="predict", unit="batch", leave=False, disable=quiet)
+        ]
         return np.concatenate(parts) if parts else np.zeros((0, len(self.label_names)), np.float32)
 
     def predict_batch(self, inputs: Sequence[Any], batch_size: int | None = None) -> list[dspy.Prediction]:
@@ -134,10 +168,17 @@ class ClassifierProgram(dspy.Module):
         finally:
             self._cache = {}
 
-    def deploy(self, model_path: str | Path, providers: Sequence[str] | None = None) -> ClassifierProgram:
-        """Serve predictions from the exported ONNX model from now on."""
-        self.backend = OnnxBackend(model_path, providers)
+    def deploy(
+        self, model_path: str | Path, providers: Sequence[str] | None = None, policy: Any = None
+    ) -> ClassifierProgram:
+        """Serve predictions from the exported ONNX model (with a test-time policy) from now on."""
+        self.backend = OnnxBackend(self.network, model_path, providers, policy)
         return self
+
+    @property
+    def policy(self) -> Any:
+        """The deployed test-time policy (None while the torch network serves)."""
+        return getattr(self.backend, "policy", None)
 
     def accuracy(self, dataset: Dataset | Sequence[dspy.Example]) -> float:
         """Plain batched accuracy (what the report states), without DSPy's per-example overhead."""
@@ -151,7 +192,10 @@ def to_examples(dataset: Dataset) -> list[dspy.Example]:
     field = {"text": "text", "image": "image", "tensor": "x"}[dataset.kind]
     values = dataset.inputs
     names = dataset.label_names
-    return [dspy.Example(**{field: values[i], "label": names[y]}).with_inputs(field) for i, y in enumerate(dataset.labels)]
+    return [
+        dspy.Example(**{field: values[i], "label": names[y]}).with_inputs(field)
+        for i, y in enumerate(dataset.labels)
+    ]
 
 
 def label_accuracy(example: dspy.Example, prediction: dspy.Prediction, trace: Any = None) -> bool:

@@ -54,7 +54,11 @@ class TrainConfig:
             ("warmup_ratio", 0 <= self.warmup_ratio < 1, "in [0, 1)"),
             ("patience", self.patience >= 1, ">= 1"),
             ("max_grad_norm", self.max_grad_norm > 0, "> 0"),
-            ("max_steps_per_epoch", self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1, ">= 1"),
+            (
+                "max_steps_per_epoch",
+                self.max_steps_per_epoch is None or self.max_steps_per_epoch >= 1,
+                ">= 1",
+            ),
             ("train_eval_limit", self.train_eval_limit >= 1, ">= 1"),
         ]
         for name, ok, valid in checks:
@@ -78,9 +82,13 @@ class TrainingSummary:
         return asdict(self)
 
 
-def evaluate_program(program: ClassifierProgram, devset: list[dspy.Example], metric: Metric, progress: bool = False) -> float:
+def evaluate_program(
+    program: ClassifierProgram, devset: list[dspy.Example], metric: Metric, progress: bool = False
+) -> float:
     """Score in [0, 1] with ``dspy.Evaluate`` (predictions batched up front, scored per example by DSPy)."""
-    evaluator = dspy.Evaluate(devset=devset, metric=metric, num_threads=1, display_progress=progress, max_errors=1)
+    evaluator = dspy.Evaluate(
+        devset=devset, metric=metric, num_threads=1, display_progress=progress, max_errors=1
+    )
     with program.prefetched([ex[program.input_field] for ex in devset]):
         result = evaluator(program)
     return float(result.score) / 100.0
@@ -106,7 +114,9 @@ class TorchWeightOptimizer(Teleprompter):
     ) -> ClassifierProgram:
         """Train in place and return ``student`` (copying a network's weights per candidate would be wasteful)."""
         if not isinstance(student, ClassifierProgram):
-            raise TrainingError(f"TorchWeightOptimizer trains a ClassifierProgram, got {type(student).__name__}")
+            raise TrainingError(
+                f"TorchWeightOptimizer trains a ClassifierProgram, got {type(student).__name__}"
+            )
         if not trainset:
             raise TrainingError("the training set is empty")
         inputs, targets = self._tensors(student, trainset)
@@ -131,19 +141,27 @@ class TorchWeightOptimizer(Teleprompter):
                 break
         if best[2] is not None:
             student.network.module.load_state_dict(best[2])
-        self.summary = self._summary(student, trainset, valset, history, best[1], time.perf_counter() - started)
+        self.summary = self._summary(
+            student, trainset, valset, history, best[1], time.perf_counter() - started
+        )
         student.training_summary = self.summary
         return student
 
-    def _tensors(self, student: ClassifierProgram, trainset: list[dspy.Example]) -> tuple[list[Any], np.ndarray]:
+    def _tensors(
+        self, student: ClassifierProgram, trainset: list[dspy.Example]
+    ) -> tuple[list[Any], np.ndarray]:
         field_name = student.input_field
         unknown = sorted({str(ex.label) for ex in trainset} - set(student.label2id))
         if unknown:
-            raise TrainingError(f"labels {unknown[:5]} are not among the network's classes {student.label_names}")
+            raise TrainingError(
+                f"labels {unknown[:5]} are not among the network's classes {student.label_names}"
+            )
         missing = [i for i, ex in enumerate(trainset) if field_name not in ex]
         if missing:
             raise TrainingError(f"training example {missing[0]} has no {field_name!r} field")
-        return [ex[field_name] for ex in trainset], np.asarray([student.label2id[str(ex.label)] for ex in trainset])
+        return [ex[field_name] for ex in trainset], np.asarray(
+            [student.label2id[str(ex.label)] for ex in trainset]
+        )
 
     def _optimizer(self, student: ClassifierProgram, n: int) -> tuple[Any, Any, int]:
         import torch
@@ -164,7 +182,17 @@ class TorchWeightOptimizer(Teleprompter):
 
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule), steps
 
-    def _epoch(self, student: ClassifierProgram, inputs: list[Any], targets: np.ndarray, rng: Any, optimizer: Any, scheduler: Any, epoch: int, steps: int) -> float:
+    def _epoch(
+        self,
+        student: ClassifierProgram,
+        inputs: list[Any],
+        targets: np.ndarray,
+        rng: Any,
+        optimizer: Any,
+        scheduler: Any,
+        epoch: int,
+        steps: int,
+    ) -> float:
         import torch
         from tqdm.auto import tqdm
 
@@ -172,14 +200,23 @@ class TorchWeightOptimizer(Teleprompter):
         order = rng.permutation(len(inputs))
         net.module.train()
         losses: list[float] = []
-        bar = tqdm(total=steps, desc=f"train epoch {epoch}/{cfg.epochs}", unit="batch", disable=not cfg.progress, leave=False)
+        bar = tqdm(
+            total=steps,
+            desc=f"train epoch {epoch}/{cfg.epochs}",
+            unit="batch",
+            disable=not cfg.progress,
+            leave=False,
+        )
         with bar:
             for step in range(steps):
                 idx = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
                 logits = net.logits(net.encode([inputs[i] for i in idx]))
                 loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(targets[idx]))
                 if not torch.isfinite(loss):
-                    raise TrainingError(f"the loss became {loss.item()} at epoch {epoch}, step {step + 1}", hint="lower --learning_rate")
+                    raise TrainingError(
+                        f"the loss became {loss.item()} at epoch {epoch}, step {step + 1}",
+                        hint="lower --learning_rate",
+                    )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(net.module.parameters(), cfg.max_grad_norm)
@@ -191,7 +228,15 @@ class TorchWeightOptimizer(Teleprompter):
         net.module.eval()
         return float(np.mean(losses))
 
-    def _summary(self, student: ClassifierProgram, trainset: list[dspy.Example], valset: list[dspy.Example] | None, history: list[dict[str, float]], best_epoch: int, seconds: float) -> TrainingSummary:
+    def _summary(
+        self,
+        student: ClassifierProgram,
+        trainset: list[dspy.Example],
+        valset: list[dspy.Example] | None,
+        history: list[dict[str, float]],
+        best_epoch: int,
+        seconds: float,
+    ) -> TrainingSummary:
         rng = np.random.default_rng(self.config.seed)
         sample = [trainset[i] for i in rng.permutation(len(trainset))[: self.config.train_eval_limit]]
         return TrainingSummary(

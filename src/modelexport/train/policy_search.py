@@ -1,0 +1,256 @@
+"""``TestTimePolicyOptimizer``: a DSPy teleprompter that chooses how much test-time compute to spend.
+
+It searches TTA transform sets, aggregations, BN adaptation on/off and its iterations on a validation
+set, measuring accuracy (``dspy.Evaluate``) *and* latency, and keeps the most accurate policy within
+the latency budget. The plain policy is always a candidate, so the choice is never less accurate than
+plain inference on the set it was chosen on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import dspy
+import numpy as np
+from dspy.teleprompt import Teleprompter
+
+from ..errors import ConfigError, TestTimeError, TrainingError
+from ..testtime.aggregate import AGGREGATORS
+from ..testtime.augment import transforms_for
+from ..testtime.policy import TestTimePolicy
+from .program import ClassifierProgram, OnnxBackend, label_accuracy
+from .weights import evaluate_program
+
+__all__ = [
+    "PolicySearchSpace",
+    "PolicyTrial",
+    "PolicySearchResult",
+    "TestTimePolicyOptimizer",
+    "measure_policy",
+    "describe_policy",
+    "DEFAULT_TTA_SETS",
+    "DEFAULT_AGGREGATES",
+]
+
+log = logging.getLogger(__name__)
+
+#: Candidate TTA sets per modality when the user names none (each is one candidate).
+DEFAULT_TTA_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "image": (
+        ("identity", "hflip"),
+        ("identity", "five_crop"),
+        ("identity", "scale"),
+        ("identity", "brightness", "contrast"),
+    ),
+    "text": (("identity", "word_dropout"), ("identity", "lower")),
+    "tensor": (("identity", "gaussian_noise"),),
+}
+DEFAULT_AGGREGATES = ("mean", "geometric_mean")
+
+
+@dataclass(frozen=True)
+class PolicySearchSpace:
+    """What may be tried; ``tta_transforms``/``tta_aggregate`` fix those dimensions when given."""
+
+    tta: bool = True
+    tta_transforms: tuple[str, ...] = ()
+    tta_aggregate: str | None = None
+    ttt: bool = True
+    ttt_iterations: int = 1
+    latency_budget_ms: float | None = None
+    max_examples: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tta_transforms, str):
+            object.__setattr__(
+                self, "tta_transforms", tuple(t.strip() for t in self.tta_transforms.split(",") if t.strip())
+            )
+        TestTimePolicy(tta_transforms=self.tta_transforms)  # unknown names fail here, listing the valid ones
+        if self.tta_aggregate is not None:
+            AGGREGATORS.get(self.tta_aggregate)
+        if self.ttt_iterations < 1:
+            raise ConfigError(f"ttt_iterations must be >= 1, got {self.ttt_iterations}")
+        if self.latency_budget_ms is not None and self.latency_budget_ms <= 0:
+            raise ConfigError(f"latency_budget_ms must be > 0, got {self.latency_budget_ms}")
+        if self.max_examples < 1:
+            raise ConfigError(f"max_examples must be >= 1, got {self.max_examples}")
+
+    def tta_candidates(self, modality: str) -> list[tuple[tuple[str, ...], str]]:
+        if not self.tta:
+            return []
+        valid = set(transforms_for(modality))
+        sets = [self.tta_transforms] if self.tta_transforms else list(DEFAULT_TTA_SETS.get(modality, ()))
+        sets = [s for s in sets if set(s) <= valid]
+        aggregates = (self.tta_aggregate,) if self.tta_aggregate else DEFAULT_AGGREGATES
+        return [(s, a) for s in sets for a in aggregates]
+
+    def ttt_candidates(self) -> list[int]:
+        return sorted({1, self.ttt_iterations}) if self.ttt else []
+
+
+@dataclass
+class PolicyTrial:
+    """One measured candidate: validation accuracy and p50 latency per request of ``batch_size`` examples."""
+
+    policy: TestTimePolicy
+    accuracy: float
+    latency_ms: float
+    within_budget: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy.to_dict(),
+            "accuracy": round(self.accuracy, 5),
+            "latency_ms": round(self.latency_ms, 3),
+            "within_budget": self.within_budget,
+        }
+
+
+@dataclass
+class PolicySearchResult:
+    best: PolicyTrial
+    plain: PolicyTrial
+    trials: list[PolicyTrial] = field(default_factory=list)
+    n_examples: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best.to_dict(),
+            "plain": self.plain.to_dict(),
+            "trials": [t.to_dict() for t in self.trials],
+            "n_examples": self.n_examples,
+            "notes": self.notes,
+        }
+
+
+class TestTimePolicyOptimizer(Teleprompter):
+    """Pick the most accurate test-time policy within a latency budget for a *deployed* program."""
+
+    __test__ = False
+
+    def __init__(self, space: PolicySearchSpace | None = None, **options: Any) -> None:
+        super().__init__()
+        self.space = PolicySearchSpace(**options) if space is None else space
+        self.result: PolicySearchResult | None = None
+
+    def compile(
+        self,
+        student: ClassifierProgram,
+        *,
+        trainset: list[dspy.Example],
+        teacher: Any = None,
+        valset: list[dspy.Example] | None = None,
+        metric: Any = label_accuracy,
+        **kwargs: Any,
+    ) -> ClassifierProgram:
+        """Choose on ``valset`` (``trainset`` when no valset is given); returns ``student`` deployed with the best policy."""
+        backend = student.backend
+        if not isinstance(backend, OnnxBackend):
+            raise TrainingError(
+                "TestTimePolicyOptimizer needs a deployed program: call program.deploy(model.onnx) first"
+            )
+        examples = list(valset or trainset)
+        if not examples:
+            raise TrainingError("the policy search needs validation examples")
+        if len(examples) > self.space.max_examples:
+            rng = np.random.default_rng(self.space.seed)
+            examples = [
+                examples[i] for i in sorted(rng.choice(len(examples), self.space.max_examples, replace=False))
+            ]
+        model_path, providers = backend.model_path, backend.providers
+        notes: list[str] = []
+
+        def trial(policy: TestTimePolicy) -> PolicyTrial | None:
+            try:
+                student.deploy(model_path, providers, policy)
+            except TestTimeError as exc:
+                notes.append(f"skipped {_label(policy)}: {exc}")
+                log.info("policy %s skipped: %s", _label(policy), exc)
+                return None
+            return measure_policy(student, policy, examples, metric)
+
+        plain = trial(TestTimePolicy())
+        assert plain is not None  # a plain policy needs nothing of the model
+        trials = [plain]
+        modality = student.backend.engine.modality  # type: ignore[union-attr]
+        tta = [
+            t for s, agg in self.space.tta_candidates(modality) if (t := trial(_policy(self.space, s, agg)))
+        ]
+        ttt = [
+            t
+            for it in self.space.ttt_candidates()
+            if (t := trial(TestTimePolicy(ttt="bn", ttt_iterations=it)))
+        ]
+        trials += tta + ttt
+        if tta and ttt:
+            best_tta = max(tta, key=lambda t: (t.accuracy, -t.latency_ms)).policy
+            for it in self.space.ttt_candidates():
+                combined = trial(best_tta.with_changes(ttt="bn", ttt_iterations=it))
+                if combined:
+                    trials.append(combined)
+        best = self._choose(trials, plain)
+        student.deploy(model_path, providers, best.policy)
+        self.result = PolicySearchResult(best, plain, trials, len(examples), notes)
+        student.policy_search = self.result
+        return student
+
+    def _choose(self, trials: list[PolicyTrial], plain: PolicyTrial) -> PolicyTrial:
+        budget = self.space.latency_budget_ms
+        for t in trials:
+            t.within_budget = budget is None or t.latency_ms <= budget
+        eligible = [t for t in trials if t.within_budget]
+        if not eligible:
+            log.warning(
+                "no policy meets the %.1f ms budget (plain takes %.1f ms); keeping plain inference",
+                budget,
+                plain.latency_ms,
+            )
+            return plain
+        # Ties in accuracy go to the faster policy; the plain one usually wins them.
+        return max(eligible, key=lambda t: (t.accuracy, -t.latency_ms))
+
+
+def measure_policy(
+    program: ClassifierProgram,
+    policy: TestTimePolicy,
+    examples: list[dspy.Example],
+    metric: Any = label_accuracy,
+) -> PolicyTrial:
+    """Accuracy (``dspy.Evaluate``) and p50 latency per batch of the program as currently deployed."""
+    inputs = [ex[program.input_field] for ex in examples]
+    size = program.batch_size
+    program.predict_batch(inputs[:size])  # warm-up (session start, first-run allocations)
+    times = []
+    for i in range(0, len(inputs), size):
+        start = time.perf_counter()
+        program.probabilities(inputs[i : i + size])
+        times.append((time.perf_counter() - start) * 1000.0)
+    accuracy = evaluate_program(program, examples, metric)
+    trial = PolicyTrial(policy, accuracy, float(np.median(times)))
+    log.info(
+        "policy %s: accuracy %.4f, %.2f ms per batch of %d", _label(policy), accuracy, trial.latency_ms, size
+    )
+    return trial
+
+
+def _policy(space: PolicySearchSpace, transforms: tuple[str, ...], aggregate: str) -> TestTimePolicy:
+    return TestTimePolicy(tta_transforms=transforms, tta_aggregate=aggregate, seed=space.seed)
+
+
+def _label(policy: TestTimePolicy) -> str:
+    parts = []
+    if policy.tta_transforms:
+        parts.append(f"tta[{','.join(policy.tta_transforms)}|{policy.tta_aggregate}]")
+    if policy.ttt != "none":
+        parts.append(f"{policy.ttt}x{policy.ttt_iterations}")
+    return "+".join(parts) or "plain"
+
+
+def describe_policy(policy: TestTimePolicy | None) -> str:
+    """A short human-readable name for a policy (report tables)."""
+    return _label(policy) if policy is not None else "plain"

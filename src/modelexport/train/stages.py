@@ -1,0 +1,350 @@
+"""The pipeline's stages, in order, each a short method with a stage message; state lives on the run."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._io import write_json
+from ..data import Dataset
+from ..report.pipeline_report import check_report, config_table, report_table
+from .networks import Network, build_network
+from .program import ClassifierProgram, to_examples
+from .weights import TorchWeightOptimizer, TrainingSummary
+from .workflow import (
+    PipelineConfig,
+    PipelineResult,
+    export_network,
+    latency_stats,
+    load_pipeline_data,
+    network_options,
+    rename_model,
+    staged_package,
+)
+
+__all__ = ["PipelineRun"]
+
+log = logging.getLogger(__name__)
+POLICY_KEY = "modelexport.test_time_policy"
+STAGES = ("data", "train", "export", "quantize", "test-time policy", "inference", "report")
+
+
+class PipelineRun:
+    """One run of the pipeline for a validated :class:`PipelineConfig`."""
+
+    def __init__(self, config: PipelineConfig, console: Any = None) -> None:
+        from rich.console import Console
+
+        self.cfg = config
+        self.console = console or Console(stderr=False, highlight=False)
+        self.details: dict[str, Any] = {}
+        self._stage = 0
+
+    def say(self, stage: str, message: str) -> None:
+        if stage in STAGES:
+            self._stage = STAGES.index(stage) + 1
+        self.console.print(f"[bold green][{self._stage}/{len(STAGES)}] {stage}[/]: {message}")
+
+    # ---------------------------------------------------------------------------------------------- run
+
+    def run(self, dataset: Dataset | None = None) -> PipelineResult:
+        started = time.perf_counter()
+        cfg = self.cfg
+        full, train, val = load_pipeline_data(cfg, dataset)
+        self.console.print(config_table(self._summary_rows(full, train, val)))
+        self.say(
+            "data", f"{full.describe()}; train {len(train)}, val {len(val)} (stratified, seed {cfg.seed})"
+        )
+        program = self._train(train, val)
+        with staged_package(cfg) as staging:
+            export_result = self._export(program.network, staging)
+            fp32 = staging / cfg.model_file.name
+            deployed, quant = self._quantize(program, fp32, staging, train, val)
+            test_time = self._policy(program, deployed, fp32, val)
+            inference = self._inference(program, val)
+            report = self._report(program, export_result, fp32, quant, test_time, inference)
+            if self._report_inside():
+                write_json(staging / cfg.report_file.name, report)
+        if not self._report_inside():
+            write_json(cfg.report_file, report)
+        final = cfg.quantized_file or cfg.model_file
+        program.deploy(final, cfg.ep, program.policy)  # the staging copy is gone; serve the final file
+        seconds = time.perf_counter() - started
+        self.console.print(report_table(report, self.details.get("policy_label")))
+        self.console.print(f"[bold]done in {seconds:.1f} s[/]; model: {final}; report: {cfg.report_file}")
+        return PipelineResult(
+            cfg,
+            report,
+            cfg.model_file,
+            cfg.quantized_file,
+            cfg.report_file,
+            program,
+            train,
+            val,
+            seconds,
+            self.details,
+        )
+
+    def _report_inside(self) -> bool:
+        return self.cfg.report_file.resolve().parent == self.cfg.package_dir.resolve()
+
+    def _summary_rows(self, full: Dataset, train: Dataset, val: Dataset) -> dict[str, Any]:
+        from ..runtime.session import available_providers, resolve_providers
+
+        cfg = self.cfg
+        order, skipped = resolve_providers(list(cfg.ep))
+        rows: dict[str, Any] = {
+            "model type": cfg.model_type,
+            "dataset": f"{cfg.dataset_path if full.source == '' else full.source} ({len(full)} examples, {full.num_classes} classes)",
+            "split": f"train {len(train)} / val {len(val)} (val_split {cfg.val_split}, seed {cfg.seed})",
+            "training": f"{cfg.epochs} epochs, batch {cfg.batch_size}, lr {cfg.learning_rate}",
+            "TTA": f"{'on' if cfg.tta else 'off'}"
+            + (
+                f": {', '.join(cfg.tta_transforms) or 'search default sets'}, aggregate {cfg.tta_aggregate or 'search'}"
+                if cfg.tta
+                else ""
+            ),
+            "TTT (BN adaptation)": f"{'on' if cfg.ttt else 'off'}"
+            + (f", {cfg.ttt_iterations} iteration(s)" if cfg.ttt else ""),
+            "policy search": f"{'on' if cfg.optimize_policy and (cfg.tta or cfg.ttt) else 'off'}"
+            + (f", latency budget {cfg.latency_budget_ms} ms" if cfg.latency_budget_ms else ""),
+            "providers requested": ", ".join(cfg.ep),
+            "providers used (order)": ", ".join(order)
+            + (f" (unavailable: {', '.join(skipped)})" if skipped else ""),
+            "providers available": ", ".join(available_providers()),
+            "quantization": cfg.quantize,
+            "output model": str(cfg.model_file),
+        }
+        if cfg.model_type == "text_classifier":
+            rows["base model"] = cfg.to_dict()["base_model"]
+        if cfg.quantized_file:
+            rows["quantized model"] = str(cfg.quantized_file)
+        rows["report"] = str(cfg.report_file)
+        return rows
+
+    # --------------------------------------------------------------------------------------- stages
+
+    def _train(self, train: Dataset, val: Dataset) -> ClassifierProgram:
+        cfg = self.cfg
+        network: Network = build_network(cfg.model_type, train, network_options(cfg))
+        self.say(
+            "train", f"{network.describe()} with TorchWeightOptimizer (AdamW, early stop on val accuracy)"
+        )
+        program = ClassifierProgram(network, batch_size=cfg.batch_size, progress=cfg.progress)
+        optimizer = TorchWeightOptimizer(cfg.train_config())
+        optimizer.compile(program, trainset=to_examples(train), valset=to_examples(val))
+        summary: TrainingSummary = optimizer.summary  # type: ignore[assignment]
+        self.details["training"] = summary.to_dict()
+        self.say(
+            "train",
+            f"{summary.epochs_run} epoch(s) in {summary.seconds:.1f} s, best epoch {summary.best_epoch}: "
+            f"train acc {summary.train_accuracy:.4f}, val acc {summary.val_accuracy:.4f}",
+        )
+        return program
+
+    def _export(self, network: Network, staging: Path) -> Any:
+        self.say("export", "hierarchy-tagged ONNX with metadata (labels, pre-processing), parity-checked")
+        result = export_network(network, staging, keep_batchnorm=bool(self.cfg.ttt))
+        rename_model(staging, self.cfg.model_file.name)
+        worst = max((result.parity or {}).get("max_abs_diff", {}).values(), default=None)
+        self.say(
+            "export",
+            f"{self.cfg.model_file.name}: {result.node_count} nodes, tags {result.coverage['coverage_pct']}%, parity {worst}",
+        )
+        self.details["export"] = {
+            "parity_max_abs_diff": worst,
+            "coverage": result.coverage,
+            "files": result.files,
+        }
+        return result
+
+    def _quantize(
+        self, program: ClassifierProgram, fp32: Path, staging: Path, train: Dataset, val: Dataset
+    ) -> tuple[Path, dict[str, Any]]:
+        cfg = self.cfg
+        size_fp32 = fp32.stat().st_size
+        program.deploy(fp32, cfg.ep)
+        self.details["val_accuracy_onnx_fp32"] = program.accuracy(val)
+        if cfg.quantize == "none":
+            self.say("quantize", "skipped (--quantize none)")
+            return fp32, {
+                "mode": "none",
+                "size_bytes_fp32": size_fp32,
+                "size_bytes_quantized": None,
+                "val_accuracy_quantized": None,
+            }
+        from ..optimize.quantize import quantize
+
+        out = staging / cfg.quantized_file.name  # type: ignore[union-attr]
+        _drop_initializer_value_info(fp32)
+        samples = self._calibration(program, train) if cfg.quantize == "static" else None
+        self.say(
+            "quantize",
+            f"{cfg.quantize} int8 -> {out.name}"
+            + (f" (calibrated on {len(samples)} training examples)" if samples else ""),
+        )
+        quantize(fp32, out, mode=cfg.quantize, samples=samples, progress=cfg.progress)
+        program.deploy(out, cfg.ep)
+        acc = program.accuracy(val)
+        self.say(
+            "quantize",
+            f"{size_fp32:,} -> {out.stat().st_size:,} bytes; val acc fp32 {self.details['val_accuracy_onnx_fp32']:.4f} -> int8 {acc:.4f}",
+        )
+        return out, {
+            "mode": cfg.quantize,
+            "size_bytes_fp32": size_fp32,
+            "size_bytes_quantized": out.stat().st_size,
+            "val_accuracy_quantized": acc,
+        }
+
+    def _calibration(self, program: ClassifierProgram, train: Dataset, limit: int = 100) -> Any:
+        from ..optimize.calibration import SampleSet
+
+        rng = np.random.default_rng(self.cfg.seed)
+        idx = rng.permutation(len(train))[:limit]
+        inputs = train.inputs
+        return SampleSet([program.network.encode([inputs[i]]) for i in idx], None, "training examples")
+
+    def _policy(self, program: ClassifierProgram, deployed: Path, fp32: Path, val: Dataset) -> dict[str, Any]:
+        from ..metadata import write_metadata
+        from ..testtime.policy import TestTimePolicy
+        from .policy_search import TestTimePolicyOptimizer, describe_policy
+
+        cfg = self.cfg
+        examples = to_examples(val)
+        program.deploy(deployed, cfg.ep)
+        if not (cfg.tta or cfg.ttt):
+            self.say("test-time policy", "TTA and TTT off: plain inference")
+            plain = self._measure_policy(program, TestTimePolicy(), examples)
+            best = plain
+        elif cfg.optimize_policy:
+            self.say(
+                "test-time policy", "searching TTA sets, aggregation and BN adaptation on the validation set"
+            )
+            optimizer = TestTimePolicyOptimizer(cfg.search_space())
+            optimizer.compile(program, trainset=examples)
+            result = optimizer.result
+            plain, best = result.plain, result.best  # type: ignore[union-attr]
+            self.details["policy_search"] = result.to_dict()  # type: ignore[union-attr]
+        else:
+            plain = self._measure_policy(program, TestTimePolicy(), examples)
+            best = self._measure_policy(program, self._fixed_policy(program), examples)
+        program.deploy(deployed, cfg.ep, best.policy)
+        for path in {deployed, fp32}:
+            write_metadata(path, {POLICY_KEY: best.policy.to_dict()})
+        self.details["policy_label"] = describe_policy(best.policy)
+        self.say(
+            "test-time policy",
+            f"chosen {self.details['policy_label']}: val acc {plain.accuracy:.4f} plain -> {best.accuracy:.4f}, "
+            f"{best.latency_ms:.2f} ms per batch of {program.batch_size} (written to {POLICY_KEY})",
+        )
+        return {
+            "policy": best.policy.to_dict(),
+            "val_accuracy_plain": plain.accuracy,
+            "val_accuracy_with_policy": best.accuracy,
+            "latency_ms_with_policy": round(best.latency_ms, 3),
+        }
+
+    def _fixed_policy(self, program: ClassifierProgram) -> Any:
+        from ..testtime.policy import TestTimePolicy
+        from .policy_search import DEFAULT_TTA_SETS
+
+        cfg = self.cfg
+        modality = program.backend.engine.modality  # type: ignore[union-attr]
+        transforms = cfg.tta_transforms or (DEFAULT_TTA_SETS[modality][0] if cfg.tta else ())
+        return TestTimePolicy(
+            tta_transforms=transforms,
+            tta_aggregate=cfg.tta_aggregate or "mean",
+            ttt="bn" if cfg.ttt else "none",
+            ttt_iterations=cfg.ttt_iterations,
+            seed=cfg.seed,
+        )
+
+    def _measure_policy(self, program: ClassifierProgram, policy: Any, examples: list[Any]) -> Any:
+        from .policy_search import measure_policy
+
+        program.deploy(program.backend.model_path, self.cfg.ep, policy)  # type: ignore[union-attr]
+        return measure_policy(program, policy, examples)
+
+    def _inference(self, program: ClassifierProgram, val: Dataset) -> dict[str, Any]:
+        from tqdm.auto import tqdm
+
+        cfg, size = self.cfg, program.batch_size
+        inputs = val.inputs
+        batches = [inputs[i : i + size] for i in range(0, len(inputs), size)]
+        self.say(
+            "inference",
+            f"{cfg.iterations} pass(es) over {len(val)} validation examples, batches of {size}, with the chosen policy",
+        )
+        times: list[float] = []
+        program.probabilities(batches[0])  # warm-up
+        with tqdm(
+            total=cfg.iterations * len(batches),
+            desc="inference",
+            unit="batch",
+            disable=not cfg.progress,
+            leave=False,
+        ) as bar:
+            for _ in range(cfg.iterations):
+                for batch in batches:
+                    start = time.perf_counter()
+                    program.probabilities(batch)
+                    times.append((time.perf_counter() - start) * 1000.0)
+                    bar.update(1)
+        stats = latency_stats(times, cfg.iterations * len(inputs))
+        provider = getattr(program.backend, "provider", "unknown")
+        self.say(
+            "inference",
+            f"{provider}: p50 {stats['latency_ms_p50']} ms, p95 {stats['latency_ms_p95']} ms per batch, {stats['throughput_per_s']} examples/s",
+        )
+        return {"provider": provider, **stats}
+
+    def _report(
+        self,
+        program: ClassifierProgram,
+        export_result: Any,
+        fp32: Path,
+        quant: dict[str, Any],
+        test_time: dict[str, Any],
+        inference: dict[str, Any],
+    ) -> dict[str, Any]:
+        self.say("report", f"writing {self.cfg.report_file}")
+        training = self.details["training"]
+        return check_report(
+            {
+                "config": self.cfg.to_dict(),
+                "training": {
+                    k: training[k] for k in ("train_accuracy", "val_accuracy", "epochs_run", "seconds")
+                },
+                "export": {
+                    "path": str(self.cfg.model_file),
+                    "parity_max_abs_diff": self.details["export"]["parity_max_abs_diff"],
+                    "hierarchy_coverage": export_result.coverage.get("coverage_pct"),
+                },
+                "quantization": quant,
+                "inference": inference,
+                "test_time": test_time,
+            }
+        )
+
+
+def _drop_initializer_value_info(path: Path) -> None:
+    """Remove ``value_info`` entries that shadow initializers (the dynamo exporter writes them).
+
+    ONNX Runtime's quantizers transpose Gemm weights; a stale ``value_info`` with the old shape then
+    fails shape inference. Only shape hints are dropped: nodes, tags and metadata stay as they are.
+    """
+    import onnx
+
+    model = onnx.load(str(path))
+    inits = {t.name for t in model.graph.initializer}
+    keep = [vi for vi in model.graph.value_info if vi.name not in inits]
+    if len(keep) == len(model.graph.value_info):
+        return
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(keep)
+    onnx.save_model(model, str(path))

@@ -1,0 +1,288 @@
+"""``run_pipeline``: data -> DSPy training of torch weights -> export -> quantize -> test-time policy -> report.
+
+Every option is validated in :class:`PipelineConfig` before any work starts; the output package is
+staged and moved into place only when every stage succeeded, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._io import atomic_dir
+from ..data import BUILTINS, Dataset, load_dataset
+from ..errors import ConfigError
+from .networks import NETWORKS, NetworkOptions, default_base_model
+
+__all__ = ["PipelineConfig", "PipelineResult", "run_pipeline", "LOG_LEVELS"]
+
+log = logging.getLogger(__name__)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+REPORT_NAME = "pipeline_report.json"
+
+
+def _csv(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(v.strip() for v in value.split(",") if v.strip())
+    return tuple(str(v) for v in value)
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Every pipeline option; ``None`` means "the model type's default" (see ``NETWORKS[...].defaults``)."""
+
+    model_type: str = "image_classifier"
+    dataset_path: str = "sklearn:digits"
+    output_model: str = "runs/pipeline"
+    tta: bool | None = None
+    tta_transforms: tuple[str, ...] = ()
+    tta_aggregate: str | None = None
+    ttt: bool | None = None
+    ttt_iterations: int = 1
+    quantize: str = "dynamic"
+    ep: tuple[str, ...] = ("cpu",)
+    batch_size: int | None = None
+    learning_rate: float | None = None
+    epochs: int | None = None
+    log_level: str = "INFO"
+    base_model: str | None = None
+    text_column: str | None = None
+    label_column: str | None = None
+    val_split: float = 0.2
+    seed: int = 0
+    iterations: int = 3
+    latency_budget_ms: float | None = None
+    optimize_policy: bool = True
+    report: str | None = None
+    progress: bool = True
+    max_length: int = 128
+
+    def __post_init__(self) -> None:
+        spec = NETWORKS.get(self.model_type)
+        if spec is None:
+            raise ConfigError(
+                f"model_type must be one of {', '.join(sorted(NETWORKS))}, got {self.model_type!r}"
+            )
+        for name in ("epochs", "batch_size", "learning_rate", "tta", "ttt"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, spec.defaults.get(name))
+        object.__setattr__(self, "tta_transforms", _csv(self.tta_transforms))
+        object.__setattr__(self, "ep", _csv(self.ep) or ("cpu",))
+        object.__setattr__(self, "quantize", str(self.quantize).lower())
+        object.__setattr__(self, "log_level", str(self.log_level).upper())
+        self._check_ranges()
+        self._check_choices(spec.has_batchnorm)
+        self._check_paths()
+
+    def _check_ranges(self) -> None:
+        from .weights import TrainConfig
+
+        TrainConfig(
+            epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate, seed=self.seed
+        )
+        checks = [
+            ("ttt_iterations", 1 <= self.ttt_iterations <= 100, "between 1 and 100"),
+            ("val_split", 0.0 < self.val_split <= 0.5, "in (0, 0.5]"),
+            ("iterations", 1 <= self.iterations <= 1000, "between 1 and 1000"),
+            ("latency_budget_ms", self.latency_budget_ms is None or self.latency_budget_ms > 0, "> 0"),
+            ("max_length", 8 <= self.max_length <= 4096, "between 8 and 4096"),
+        ]
+        for name, ok, valid in checks:
+            if not ok:
+                raise ConfigError(f"{name} must be {valid}, got {getattr(self, name)!r}")
+
+    def _check_choices(self, has_batchnorm: bool) -> None:
+        from ..optimize.quantize import QUANT_MODES
+        from ..runtime.session import resolve_providers
+
+        modes = ("none", *QUANT_MODES)
+        if self.quantize not in modes:
+            raise ConfigError(f"quantize must be one of {', '.join(modes)}, got {self.quantize!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        resolve_providers(list(self.ep))
+        self.search_space()  # unknown TTA transforms / aggregates fail here
+        if self.tta_transforms and not self.tta:
+            raise ConfigError(
+                "--tta_transforms given but --tta is false", hint="add --tta true or drop --tta_transforms"
+            )
+        if self.ttt and not has_batchnorm:
+            raise ConfigError(
+                f"--ttt true: BN adaptation needs BatchNorm layers and {self.model_type} has none",
+                hint="use --ttt false (or --model_type image_classifier)",
+            )
+
+    def _check_paths(self) -> None:
+        if self.dataset_path not in BUILTINS and not Path(self.dataset_path).exists():
+            raise ConfigError(
+                f"dataset not found: {self.dataset_path}",
+                hint=f"pass an existing file or folder, or a built-in: {', '.join(sorted(BUILTINS))}",
+            )
+        base = self.base_model
+        if (
+            base
+            and (base.startswith((".", "/", "~")) or Path(base).exists())
+            and not Path(base).expanduser().is_dir()
+        ):
+            raise ConfigError(
+                f"base model folder not found: {base}", hint="pass a local Hugging Face folder or a hub id"
+            )
+        out = Path(self.output_model)
+        if out.suffix != ".onnx" and out.is_file():
+            raise ConfigError(
+                f"--output_model {out} is an existing file; give a folder or a path ending in .onnx"
+            )
+        if self.package_dir.is_file():
+            raise ConfigError(f"the output folder {self.package_dir} is an existing file")
+        if self.report and Path(self.report).is_dir():
+            raise ConfigError(f"--report {self.report} is a folder; give a .json file path")
+
+    # -- derived ------------------------------------------------------------------------------------
+
+    @property
+    def package_dir(self) -> Path:
+        out = Path(self.output_model)
+        return out.parent if out.suffix == ".onnx" else out
+
+    @property
+    def model_file(self) -> Path:
+        out = Path(self.output_model)
+        return out if out.suffix == ".onnx" else out / "model.onnx"
+
+    @property
+    def quantized_file(self) -> Path | None:
+        if self.quantize == "none":
+            return None
+        return self.model_file.with_name(f"{self.model_file.stem}_{self.quantize}.onnx")
+
+    @property
+    def report_file(self) -> Path:
+        return Path(self.report) if self.report else self.package_dir / REPORT_NAME
+
+    def search_space(self) -> Any:
+        from .policy_search import PolicySearchSpace
+
+        return PolicySearchSpace(
+            tta=bool(self.tta),
+            tta_transforms=self.tta_transforms,
+            tta_aggregate=self.tta_aggregate,
+            ttt=bool(self.ttt),
+            ttt_iterations=self.ttt_iterations,
+            latency_budget_ms=self.latency_budget_ms,
+            seed=self.seed,
+        )
+
+    def train_config(self) -> Any:
+        from .weights import TrainConfig
+
+        return TrainConfig(
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+            seed=self.seed,
+            progress=self.progress,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["tta_transforms"], out["ep"] = list(self.tta_transforms), list(self.ep)
+        if self.model_type == "text_classifier":
+            out["base_model"] = self.base_model or default_base_model()
+        return out
+
+
+@dataclass
+class PipelineResult:
+    """The report (fixed keys), the paths written and the live objects (the deployed DSPy program)."""
+
+    config: PipelineConfig
+    report: dict[str, Any]
+    model_path: Path
+    quantized_path: Path | None
+    report_path: Path
+    program: Any
+    train: Dataset
+    val: Dataset
+    seconds: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deployed_path(self) -> Path:
+        return self.quantized_path or self.model_path
+
+
+def run_pipeline(
+    config: PipelineConfig | None = None,
+    *,
+    dataset: Dataset | None = None,
+    console: Any = None,
+    **options: Any,
+) -> PipelineResult:
+    """Run every stage; ``options`` are :class:`PipelineConfig` fields, ``dataset`` overrides ``dataset_path``."""
+    from .stages import PipelineRun
+
+    cfg = config if config is not None else PipelineConfig(**options)
+    return PipelineRun(cfg, console).run(dataset)
+
+
+@contextmanager
+def staged_package(cfg: PipelineConfig) -> Iterator[Path]:
+    """A staging folder moved onto the package folder on success (nothing written on failure)."""
+    with atomic_dir(cfg.package_dir) as staging:
+        yield staging
+
+
+def rename_model(staging: Path, target_name: str) -> None:
+    """``model.onnx`` -> ``NAME.onnx`` (and its sidecar) when ``--output_model`` names the file."""
+    if target_name == "model.onnx":
+        return
+    stem = Path(target_name).stem
+    (staging / "model.onnx").rename(staging / target_name)
+    side = staging / "model_hierarchy.json"
+    if side.exists():
+        side.rename(staging / f"{stem}_hierarchy.json")
+
+
+def export_network(network: Any, staging: Path, keep_batchnorm: bool) -> Any:
+    """Export the trained network into ``staging`` (HF folder or plain module, with labels and processor)."""
+    from ..export.api import export
+
+    with tempfile.TemporaryDirectory(prefix="modelexport-train-") as tmp:
+        source, options = network.export_source(Path(tmp))
+        if keep_batchnorm:
+            options["keep_batchnorm"] = True
+        return export(source, staging, **options)
+
+
+def latency_stats(times_ms: list[float], examples: int) -> dict[str, float]:
+    """p50/p95 per request and throughput over the whole run."""
+    total_s = sum(times_ms) / 1000.0
+    return {
+        "latency_ms_p50": round(float(np.percentile(times_ms, 50)), 3),
+        "latency_ms_p95": round(float(np.percentile(times_ms, 95)), 3),
+        "throughput_per_s": round(examples / total_s, 1) if total_s > 0 else 0.0,
+    }
+
+
+def load_pipeline_data(cfg: PipelineConfig, dataset: Dataset | None) -> tuple[Dataset, Dataset, Dataset]:
+    """(full, train, val) with a stratified split."""
+    full = (
+        dataset if dataset is not None else load_dataset(cfg.dataset_path, cfg.text_column, cfg.label_column)
+    )
+    train, val = full.split(cfg.val_split, cfg.seed)
+    return full, train, val
+
+
+def network_options(cfg: PipelineConfig) -> NetworkOptions:
+    return NetworkOptions(
+        base_model=cfg.base_model, max_length=cfg.max_length, seed=cfg.seed, keep_batchnorm=bool(cfg.ttt)
+    )

@@ -1,0 +1,44 @@
+"""Trained programs shared by the train tests (trained once per session, read-only afterwards)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def digits_splits() -> tuple[Any, Any, Any]:
+    """A small stratified digits subset: (train 600, val 200, test 300)."""
+    from modelexport.data import load_dataset
+
+    full = load_dataset("sklearn:digits")
+    rest, test = full.split(0.17, seed=1)
+    train, val = rest.split(0.25, seed=1)
+    return train.subset(range(600)), val.subset(range(200)), test.subset(range(300))
+
+
+@pytest.fixture(scope="session")
+def trained_digits(digits_splits: tuple[Any, Any, Any]) -> Any:
+    """A CompactCNN trained for 3 epochs on 600 digits, with its optimizer."""
+    from modelexport.train.networks import NetworkOptions, build_network
+    from modelexport.train.program import ClassifierProgram, label_accuracy, to_examples
+    from modelexport.train.weights import TorchWeightOptimizer, TrainConfig
+
+    train, val, _ = digits_splits
+    program = ClassifierProgram(build_network("image_classifier", train, NetworkOptions(keep_batchnorm=True)))
+    optimizer = TorchWeightOptimizer(TrainConfig(epochs=3, batch_size=32, learning_rate=3e-3, progress=False))
+    optimizer.compile(program, trainset=to_examples(train), valset=to_examples(val), metric=label_accuracy)
+    return program, optimizer
+
+
+@pytest.fixture(scope="session")
+def deployed_digits(trained_digits: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    """The trained digits network exported (BN kept) and deployed on ONNX Runtime."""
+    from modelexport.train.workflow import export_network
+
+    program, _ = trained_digits
+    out = tmp_path_factory.mktemp("digits_export")
+    result = export_network(program.network, out, keep_batchnorm=True)
+    return program, Path(result.onnx_path)
