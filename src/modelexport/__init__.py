@@ -30,7 +30,7 @@ _LAZY: dict[str, str] = {
     "update_metadata": "modelexport.metadata.store:update_metadata",
     "validate_optimum_compatibility": "modelexport.metadata.optimum:validate_optimum_compatibility",
     "errors": "modelexport.errors",
-    "quantize": "modelexport.optimize.quantize:quantize",
+    "quantize": "modelexport.optimize.quantization:quantize",
     "QuantizeConfig": "modelexport.optimize.config:QuantizeConfig",
     "optimize_model": "modelexport.optimize.graph:optimize_model",
     "OptimizeConfig": "modelexport.optimize.config:OptimizeConfig",

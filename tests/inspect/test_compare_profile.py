@@ -134,7 +134,7 @@ def test_profile_cli_json_with_npz_inputs(tiny_bert_export: Any, tmp_path: Path,
 
 @pytest.mark.integration
 def test_quantized_model_inspects(tiny_bert_export: Any, tmp_path: Path, capsys: Any) -> None:
-    quantize = pytest.importorskip("modelexport.optimize.quantize", reason="optimize not available")
+    quantize = pytest.importorskip("modelexport.optimize.quantization", reason="optimize not available")
     from modelexport.inspect.analyze import analyze
     from modelexport.optimize.config import QuantizeConfig
 

@@ -113,7 +113,7 @@ def test_unknown_module_lists_close_matches(tiny_bert_export: Any) -> None:
 
 @pytest.mark.integration
 def test_quantized_model_layer_still_extracts(tiny_bert_export: Any, tmp_path: Path) -> None:
-    quantize = pytest.importorskip("modelexport.optimize.quantize", reason="optimize not available")
+    quantize = pytest.importorskip("modelexport.optimize.quantization", reason="optimize not available")
     from modelexport.optimize.config import QuantizeConfig
 
     proto = onnx.load(str(tiny_bert_export.onnx_path))

@@ -108,7 +108,7 @@ def test_bad_input_raises_typed_errors(tiny_bert_onnx: Path, tmp_path: Path) -> 
 def test_other_architectures_keep_full_tag_coverage(
     export_cache: object, tmp_path: Path, name: str, fusion: bool
 ) -> None:
-    from modelexport.optimize.quantize import quantize
+    from modelexport.optimize.quantization import quantize
     from tests.models.hf_models import tiny_hf_model
 
     src = Path(export_cache.get(f"tiny_{name}", lambda: tiny_hf_model(name)).onnx_path)

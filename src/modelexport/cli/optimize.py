@@ -115,7 +115,7 @@ def quantize_summary(result: Any) -> str:
 def quantize_cmd(model: str, output: str, **opts: Any) -> int:
     """int8-quantize MODEL; hierarchy tags, metadata and the sidecar are carried to the output."""
     from ..optimize.config import QuantizeConfig
-    from ..optimize.quantize import quantize
+    from ..optimize.quantization import quantize
 
     fmt = opts.pop("fmt")
     run = {k: opts.pop(k) for k in ("eval_data", "eval_samples", "error_report")}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .config import OptimizeConfig, QuantizeConfig
 from .graph import GRAPH_PASSES, OptimizeResult, optimize_model
-from .quantize import QUANT_MODES, QuantizeResult, quantize
+from .quantization import QUANT_MODES, QuantizeResult, quantize
 from .retag import RetagResult, retag, tag_coverage
 
 __all__ = [

@@ -49,7 +49,7 @@ class QuantizeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from .quantize import QUANT_MODES
+        from .quantization import QUANT_MODES
 
         object.__setattr__(self, "mode", _choice("mode", self.mode, tuple(QUANT_MODES)))
         object.__setattr__(self, "weight_type", _choice("weight_type", self.weight_type, WEIGHT_TYPES))

@@ -13,7 +13,7 @@ from .._io import write_json
 from .calibration import SampleSet
 from .carry import remap_sidecar, sidecar_path
 from .config import QuantizeConfig
-from .quantize import quantize_proto, save_onnx
+from .quantization import quantize_proto, save_onnx
 
 __all__ = ["quantize_package_pass"]
 

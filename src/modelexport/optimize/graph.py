@@ -23,7 +23,7 @@ from ..errors import OnnxFileError, OptimizationError
 from ..runtime.session import create_session
 from .carry import carry_metadata, model_metadata, read_sidecar, write_sidecar
 from .config import OptimizeConfig
-from .quantize import load_onnx, save_onnx
+from .quantization import load_onnx, save_onnx
 from .retag import retag, tag_coverage
 
 __all__ = [

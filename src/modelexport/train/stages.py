@@ -177,10 +177,9 @@ class PipelineRun:
                 "size_bytes_quantized": None,
                 "val_accuracy_quantized": None,
             }
-        from ..optimize.quantize import quantize
+        from ..optimize.quantization import quantize
 
         out = staging / cfg.quantized_file.name  # type: ignore[union-attr]
-        _drop_initializer_value_info(fp32)
         samples = self._calibration(program, train) if cfg.quantize == "static" else None
         self.say(
             "quantize",
@@ -331,20 +330,3 @@ class PipelineRun:
             }
         )
 
-
-def _drop_initializer_value_info(path: Path) -> None:
-    """Remove ``value_info`` entries that shadow initializers (the dynamo exporter writes them).
-
-    ONNX Runtime's quantizers transpose Gemm weights; a stale ``value_info`` with the old shape then
-    fails shape inference. Only shape hints are dropped: nodes, tags and metadata stay as they are.
-    """
-    import onnx
-
-    model = onnx.load(str(path))
-    inits = {t.name for t in model.graph.initializer}
-    keep = [vi for vi in model.graph.value_info if vi.name not in inits]
-    if len(keep) == len(model.graph.value_info):
-        return
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(keep)
-    onnx.save_model(model, str(path))

@@ -101,7 +101,7 @@ class PipelineConfig:
                 raise ConfigError(f"{name} must be {valid}, got {getattr(self, name)!r}")
 
     def _check_choices(self, has_batchnorm: bool) -> None:
-        from ..optimize.quantize import QUANT_MODES
+        from ..optimize.quantization import QUANT_MODES
         from ..runtime.session import resolve_providers
 
         modes = ("none", *QUANT_MODES)

@@ -227,6 +227,26 @@ def preprocess(model: Any, notes: list[str]) -> Any:
     return model
 
 
+def drop_initializer_shape_hints(model: Any) -> Any:
+    """A copy without ``value_info`` entries that shadow initializers (the dynamo exporter writes them).
+
+    ONNX Runtime's quantizers transpose Gemm weights; a stale shape hint for the old layout then fails
+    shape inference ("Inferred shape and existing shape differ"). Only hints go: nodes, tags and
+    metadata are untouched, and the input model is never modified.
+    """
+    inits = {t.name for t in model.graph.initializer}
+    keep = [vi for vi in model.graph.value_info if vi.name not in inits]
+    if len(keep) == len(model.graph.value_info):
+        return model
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.graph.value_info[:]
+    copy.graph.value_info.extend(keep)
+    return copy
+
+
 def excluded_nodes(model: Any, patterns: tuple[str, ...]) -> list[str]:
     """Names of nodes whose tag matches a glob in ``patterns`` (a module and everything below it).
 
@@ -372,7 +392,7 @@ def quantize_proto(
 ) -> tuple[Any, dict[str, Any]]:
     """Quantize a tagged ModelProto in memory; returns (tagged quantized model, facts about the run)."""
     notes: list[str] = []
-    work = preprocess(model, notes) if cfg.preprocess else model
+    work = drop_initializer_shape_hints(preprocess(model, notes) if cfg.preprocess else model)
     exclude = excluded_nodes(work, cfg.exclude_modules)
     with tempfile.TemporaryDirectory(prefix="modelexport-q-") as tmp:
         src, out = save_onnx(work, Path(tmp) / "in.onnx"), Path(tmp) / "quantized.onnx"
