@@ -30,6 +30,10 @@ def median(xs: list[float]) -> float:
 def write_results(name: str, payload: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    payload = {"benchmark": name, "machine": {"python": platform.python_version(), "cpu": platform.processor()}, **payload}
+    payload = {
+        "benchmark": name,
+        "machine": {"python": platform.python_version(), "cpu": platform.processor()},
+        **payload,
+    }
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path

@@ -46,7 +46,9 @@ def plain_export(model: Any, exporter: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default="minilm,bert-base")
     parser.add_argument("--exporter", default="dynamo", choices=["dynamo", "torchscript"])
@@ -61,10 +63,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             plain = timed(lambda m=model: plain_export(m, args.exporter), args.repeats)
             tagged = timed(
-                lambda m=model: modelexport.export(m, Path(tmp) / "t", exporter=args.exporter, validate=False, embed_metadata=False),
+                lambda m=model: modelexport.export(
+                    m, Path(tmp) / "t", exporter=args.exporter, validate=False, embed_metadata=False
+                ),
                 args.repeats,
             )
-            full = timed(lambda m=model: modelexport.export(m, Path(tmp) / "f", exporter=args.exporter), args.repeats)
+            full = timed(
+                lambda m=model: modelexport.export(m, Path(tmp) / "f", exporter=args.exporter), args.repeats
+            )
         row = {
             "model": name,
             "exporter": args.exporter,

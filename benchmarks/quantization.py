@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,28 +32,18 @@ ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
 
 
-def median_latency(path: Path, feed: dict[str, np.ndarray], threads: int, repeat: int) -> float:
-    """Median seconds of one ``run`` (after warm-up) in a session with ``threads`` intra-op threads."""
-    from modelexport.runtime.session import create_session
-
-    sess, _ = create_session(path, intra_op_num_threads=threads)
-    for _ in range(3):
-        sess.run(None, feed)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        sess.run(None, feed)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def latency_block(
     fp32: Path, int8: Path, feeds: dict[int, dict[str, np.ndarray]], threads: int
 ) -> dict[str, Any]:
+    from modelexport.optimize.evaluate import time_session
+
     out = {}
     for batch, feed in feeds.items():
         repeat = 30 if batch == 1 else 10
-        t32, t8 = median_latency(fp32, feed, threads, repeat), median_latency(int8, feed, threads, repeat)
+        t32, t8 = (
+            time_session(fp32, feed, repeat, threads=threads),
+            time_session(int8, feed, repeat, threads=threads),
+        )
         out[f"batch_{batch}"] = {
             "fp32_ms": round(t32 * 1e3, 3),
             "int8_ms": round(t8 * 1e3, 3),

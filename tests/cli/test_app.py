@@ -13,7 +13,9 @@ from modelexport.cli.app import COMMANDS, cli, main
 
 @pytest.mark.smoke
 def test_python_dash_m_is_the_console_script() -> None:
-    proc = subprocess.run([sys.executable, "-m", "modelexport", "--version"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "modelexport", "--version"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0
     assert proc.stdout.startswith("modelexport, version ")
 
@@ -22,7 +24,9 @@ def test_python_dash_m_is_the_console_script() -> None:
 def test_help_does_not_import_torch() -> None:
     code = "import sys; from modelexport.cli.app import main; main(['--help']); print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.stdout.strip().splitlines()[-1] == "False", "--help should stay fast: torch is imported lazily"
+    assert proc.stdout.strip().splitlines()[-1] == "False", (
+        "--help should stay fast: torch is imported lazily"
+    )
 
 
 @pytest.mark.smoke

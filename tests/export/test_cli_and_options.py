@@ -22,12 +22,34 @@ def dims(model: onnx.ModelProto, name: str) -> list[Any]:
 @pytest.mark.smoke
 def test_export_factory_with_input_specs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     specs = tmp_path / "inputs.json"
-    specs.write_text(json.dumps({"inputs": [{"name": "x", "shape": [3, 1, 8, 8], "dtype": "float32", "dynamic_axes": {"0": "batch"}}]}))
+    specs.write_text(
+        json.dumps(
+            {
+                "inputs": [
+                    {"name": "x", "shape": [3, 1, 8, 8], "dtype": "float32", "dynamic_axes": {"0": "batch"}}
+                ]
+            }
+        )
+    )
     out = tmp_path / "cnn"
-    code = main([
-        "export", "tests/models/torch_models.py:SmallCNN", str(out), "--input-specs", str(specs),
-        "--exporter", "torchscript", "--opset", "17", "--with-report", "--jit-graph", "--fx-graph", "--format", "json",
-    ])
+    code = main(
+        [
+            "export",
+            "tests/models/torch_models.py:SmallCNN",
+            str(out),
+            "--input-specs",
+            str(specs),
+            "--exporter",
+            "torchscript",
+            "--opset",
+            "17",
+            "--with-report",
+            "--jit-graph",
+            "--fx-graph",
+            "--format",
+            "json",
+        ]
+    )
     assert code == 0
     result = json.loads(capsys.readouterr().out)
     assert result["coverage"]["coverage_pct"] == 100.0
@@ -37,18 +59,36 @@ def test_export_factory_with_input_specs(tmp_path: Path, capsys: pytest.CaptureF
     report = (out / "export_report.md").read_text()
     assert "| parity | ok |" in report and "100.0%" in report
     assert "aten::" in (out / "jit_graph.txt").read_text()
-    assert "call_function" in (out / "fx_graph.txt").read_text() or "aten." in (out / "fx_graph.txt").read_text()
+    assert (
+        "call_function" in (out / "fx_graph.txt").read_text() or "aten." in (out / "fx_graph.txt").read_text()
+    )
 
 
 @pytest.mark.sanity
-def test_static_shapes_and_input_shape(tmp_path: Path, minilm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_static_shapes_and_input_shape(
+    tmp_path: Path, minilm_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "static"
-    code = main(["export", str(minilm_dir), str(out), "--exporter", "torchscript", "--static-shapes", "--input-shape", "1,12"])
+    code = main(
+        [
+            "export",
+            str(minilm_dir),
+            str(out),
+            "--exporter",
+            "torchscript",
+            "--static-shapes",
+            "--input-shape",
+            "1,12",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     model = onnx.load(str(out / "model.onnx"))
     assert dims(model, "input_ids") == [1, 12]
     dynamic = tmp_path / "dynamic"
-    assert main(["export", str(minilm_dir), str(dynamic), "--exporter", "torchscript", "--text", "hello world"]) == 0
+    assert (
+        main(["export", str(minilm_dir), str(dynamic), "--exporter", "torchscript", "--text", "hello world"])
+        == 0
+    )
     assert dims(onnx.load(str(dynamic / "model.onnx")), "input_ids") == ["batch_size", "sequence_length"]
 
 
@@ -65,7 +105,19 @@ def test_keep_batchnorm_keeps_bn_nodes(cnn_bn_export: Any, export_cache: Any) ->
 @pytest.mark.sanity
 def test_torch_nn_options_on_the_cli(tmp_path: Path) -> None:
     out = tmp_path / "all"
-    assert main(["export", "tests/models/torch_models.py:mlp", str(out), "--include-torch-nn", "--exporter", "torchscript"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "tests/models/torch_models.py:mlp",
+                str(out),
+                "--include-torch-nn",
+                "--exporter",
+                "torchscript",
+            ]
+        )
+        == 0
+    )
     side = json.loads((out / "model_hierarchy.json").read_text())
     assert "/Sequential/Linear.0" in {n["tag"] for n in side["nodes"].values()}
     assert side["export"]["include_torch_nn"] is True
@@ -86,7 +138,23 @@ def test_config_validation_names_the_choices() -> None:
 def test_help_describes_every_option(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["export", "--help"]) == 0
     text = capsys.readouterr().out
-    for option in ("--exporter", "--opset", "--input-specs", "--input-shape", "--text", "--static-shapes",
-                   "--torch-nn-exceptions", "--include-torch-nn", "--verify-topology", "--atol", "--no-validate",
-                   "--with-report", "--jit-graph", "--fx-graph", "--task", "--no-embed-metadata", "--quantize"):
+    for option in (
+        "--exporter",
+        "--opset",
+        "--input-specs",
+        "--input-shape",
+        "--text",
+        "--static-shapes",
+        "--torch-nn-exceptions",
+        "--include-torch-nn",
+        "--verify-topology",
+        "--atol",
+        "--no-validate",
+        "--with-report",
+        "--jit-graph",
+        "--fx-graph",
+        "--task",
+        "--no-embed-metadata",
+        "--quantize",
+    ):
         assert option in text

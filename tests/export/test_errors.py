@@ -45,7 +45,11 @@ class UsesCustomOp(torch.nn.Module):
 
 def assert_no_output(path: Path) -> None:
     assert not path.exists() or not any(path.iterdir()), f"partial output left in {path}"
-    leftovers = [p for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.")] if path.parent.exists() else []
+    leftovers = (
+        [p for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.")]
+        if path.parent.exists()
+        else []
+    )
     assert not leftovers, f"temp files left: {leftovers}"
 
 
@@ -108,7 +112,9 @@ def test_inputs_that_do_not_match_forward(tmp_path: Path) -> None:
     with pytest.raises(InputSpecError, match="failed on the example inputs"):
         modelexport.export(mlp(), tmp_path / "b", input_specs=[{"name": "input", "shape": [2, 5]}])
     with pytest.raises(InputSpecError, match="dtype"):
-        modelexport.export(mlp(), tmp_path / "c", input_specs=[{"name": "input", "shape": [2, 6], "dtype": "float99"}])
+        modelexport.export(
+            mlp(), tmp_path / "c", input_specs=[{"name": "input", "shape": [2, 6], "dtype": "float99"}]
+        )
     assert_no_output(tmp_path / "b")
 
 
@@ -146,7 +152,9 @@ def test_cli_error_is_one_line_with_hint(tmp_path: Path, capsys: pytest.CaptureF
 def test_cli_bad_input_specs_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     specs = tmp_path / "specs.json"
     specs.write_text("{not json")
-    code = main(["export", "tests/models/torch_models.py:mlp", str(tmp_path / "out"), "--input-specs", str(specs)])
+    code = main(
+        ["export", "tests/models/torch_models.py:mlp", str(tmp_path / "out"), "--input-specs", str(specs)]
+    )
     assert code == 1
     assert "not valid JSON" in capsys.readouterr().err
 
@@ -161,6 +169,10 @@ def test_every_error_is_also_a_builtin() -> None:
         cls = getattr(errors, name)
         if cls is ModelExportError:
             continue
-        builtin_bases = [b for b in inspect.getmro(cls) if b.__module__ == "builtins" and b not in (object, Exception, BaseException)]
+        builtin_bases = [
+            b
+            for b in inspect.getmro(cls)
+            if b.__module__ == "builtins" and b not in (object, Exception, BaseException)
+        ]
         assert builtin_bases, f"{name} should also be a builtin exception type"
         assert cls.hint, f"{name} needs a hint"

@@ -17,7 +17,12 @@ from tests.models.torch_models import TORCH_MODELS
 #: cannot follow; the dynamo exporter (our default) handles them. Asserted in test_errors.py.
 TORCHSCRIPT_UNSUPPORTED = {"gpt2", "llama"}
 
-GRID = [(name, ex) for name in HF_TINY for ex in ("dynamo", "torchscript") if not (ex == "torchscript" and name in TORCHSCRIPT_UNSUPPORTED)]
+GRID = [
+    (name, ex)
+    for name in HF_TINY
+    for ex in ("dynamo", "torchscript")
+    if not (ex == "torchscript" and name in TORCHSCRIPT_UNSUPPORTED)
+]
 
 
 def assert_export_invariants(result: Any) -> None:
@@ -41,7 +46,9 @@ def assert_export_invariants(result: Any) -> None:
 @pytest.mark.integration
 @pytest.mark.parametrize(("name", "exporter"), GRID, ids=[f"{n}-{e}" for n, e in GRID])
 def test_tiny_hf_models(export_cache: Any, name: str, exporter: str) -> None:
-    result = export_cache.get(f"hf-{name}", lambda: tiny_hf_model(name), exporter=exporter, verify_topology=True)
+    result = export_cache.get(
+        f"hf-{name}", lambda: tiny_hf_model(name), exporter=exporter, verify_topology=True
+    )
     assert_export_invariants(result)
     # most nodes must come from the exporter's own scopes, not from propagation
     assert result.coverage["by_source"].get("scope", 0) >= 0.5 * result.coverage["total_nodes"]
@@ -51,7 +58,12 @@ def test_tiny_hf_models(export_cache: Any, name: str, exporter: str) -> None:
 #: the same process specialises that axis and fails (a torch-internal cache). The first export is fine:
 #: test_lstm_dynamo_in_a_fresh_process proves it; the in-process grid cannot export it twice.
 DYNAMO_ONCE_PER_PROCESS = {"lstm"}
-TORCH_GRID = [(n, e) for n in sorted(TORCH_MODELS) for e in ("dynamo", "torchscript") if not (e == "dynamo" and n in DYNAMO_ONCE_PER_PROCESS)]
+TORCH_GRID = [
+    (n, e)
+    for n in sorted(TORCH_MODELS)
+    for e in ("dynamo", "torchscript")
+    if not (e == "dynamo" and n in DYNAMO_ONCE_PER_PROCESS)
+]
 
 
 @pytest.mark.must
@@ -72,7 +84,13 @@ def test_lstm_dynamo_in_a_fresh_process(tmp_path: Any) -> None:
         f"r = modelexport.export(LSTMClassifier(), {str(tmp_path / 'lstm')!r}, exporter='dynamo')\n"
         "print(json.dumps({'coverage': r.coverage, 'parity': r.parity}))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["coverage"]["coverage_pct"] == 100.0

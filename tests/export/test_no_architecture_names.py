@@ -10,8 +10,29 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "src" / "modelexport"
 SCANNED = [ROOT / "hierarchy", ROOT / "export"]
 ARCHITECTURES = [
-    "bert", "gpt", "llama", "t5", "bart", "vit", "resnet", "whisper", "wav2vec", "qwen", "roberta", "mistral",
-    "falcon", "opt", "bloom", "clip", "swin", "deit", "electra", "albert", "distilbert", "mobilenet", "efficientnet",
+    "bert",
+    "gpt",
+    "llama",
+    "t5",
+    "bart",
+    "vit",
+    "resnet",
+    "whisper",
+    "wav2vec",
+    "qwen",
+    "roberta",
+    "mistral",
+    "falcon",
+    "opt",
+    "bloom",
+    "clip",
+    "swin",
+    "deit",
+    "electra",
+    "albert",
+    "distilbert",
+    "mobilenet",
+    "efficientnet",
 ]
 PATTERN = re.compile(r"(?<![a-z])(" + "|".join(ARCHITECTURES) + r")(?![a-z])", re.IGNORECASE)
 

@@ -74,7 +74,9 @@ def test_module_called_twice(export_cache: Any, exporter: str) -> None:
     ],
 )
 def test_plain_models_get_meaningful_tags(export_cache: Any, name: str, expected: set[str]) -> None:
-    result = export_cache.get(f"torch-{name}", TORCH_MODELS[name], exporter="torchscript", verify_topology=True)
+    result = export_cache.get(
+        f"torch-{name}", TORCH_MODELS[name], exporter="torchscript", verify_topology=True
+    )
     assert expected <= set(node_tags(result))
     assert result.coverage["coverage_pct"] == 100.0
 
@@ -111,7 +113,9 @@ def test_tag_helpers() -> None:
 
 @pytest.mark.sanity
 def test_propagated_nodes_take_their_consumers_common_ancestor(export_cache: Any) -> None:
-    result = export_cache.get("hf-bert", lambda: tiny_hf_model("bert"), exporter="torchscript", verify_topology=True)
+    result = export_cache.get(
+        "hf-bert", lambda: tiny_hf_model("bert"), exporter="torchscript", verify_topology=True
+    )
     side = json.loads(result.hierarchy_path.read_text())
     propagated = [n for n in side["nodes"].values() if n["source"] == "propagated"]
     assert propagated, "torchscript leaves unscoped nodes to propagate"

@@ -16,6 +16,7 @@ from modelexport.cli.app import main
 from modelexport.errors import ConfigError, MetadataIntegrityError, TaskDetectionError
 from modelexport.inference import PIPELINES, create_pipeline, pipeline
 from modelexport.metadata import write_metadata
+from tests.helpers import assert_nested_close
 from tests.inference.tiny_tasks import CNN_LABELS
 
 RNG = np.random.RandomState(1)
@@ -24,21 +25,6 @@ TEXTS = ["i love this movie", "what a terrible city", "john lives in london", "h
 
 def _image(h: int = 30, w: int = 30) -> Image.Image:
     return Image.fromarray((RNG.rand(h, w, 3) * 255).astype(np.uint8))
-
-
-def _close(a: Any, b: Any, tol: float = 1e-4) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _close(a[k], b[k], tol)
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _close(x, y, tol)
-    elif isinstance(a, (float, np.floating)):
-        assert abs(float(a) - float(b)) <= tol
-    else:
-        assert a == b
 
 
 #: task -> (tiny model, call args, call kwargs). Every registered pipeline has a case (checked below).
@@ -77,7 +63,7 @@ def test_pipeline_equals_transformers(
     got = ours(*call_args, **kwargs)
     source = minilm_dir if name == "minilm" else task_source(name)
     ref = transformers.pipeline(task, model=str(source))
-    _close(got, ref(*call_args, **kwargs), tol=1e-4)
+    assert_nested_close(got, ref(*call_args, **kwargs), tol=1e-4)
 
 
 @pytest.mark.sanity
@@ -90,7 +76,7 @@ def test_token_classification_simple_aggregation(task_export: Any, task_source: 
         "token-classification", model=str(task_source("token_cls")), aggregation_strategy="simple"
     )
     assert ours and any(e["word"].count(" ") for e in ours)  # groups of several tokens
-    _close(ours, ref(text), tol=1e-5)
+    assert_nested_close(ours, ref(text), tol=1e-5)
     with pytest.raises(ConfigError, match="aggregation_strategy"):
         pipeline(model=task_export("token_cls").output_dir)(text, aggregation_strategy="max")
 
@@ -100,7 +86,7 @@ def test_batches_equal_single_runs(task_export: Any) -> None:
     pipe = pipeline(model=task_export("seq_cls").output_dir, batch_size=2)
     batched = pipe(TEXTS, top_k=None)
     single = [pipe(t, top_k=None, batch_size=1) for t in TEXTS]
-    _close(batched, single, tol=1e-5)
+    assert_nested_close(batched, single, tol=1e-5)
     assert pipe(TEXTS[0]) == [pipe(TEXTS[0], top_k=1)[0]]  # transformers' legacy single-input format
 
 
@@ -123,7 +109,7 @@ def test_plain_cnn_pipeline_from_metadata_alone(cnn_export: Any, tmp_path: Path)
     expected = sorted(
         ({"label": CNN_LABELS[i], "score": float(p)} for i, p in enumerate(probs)), key=lambda d: -d["score"]
     )
-    _close(got, expected, tol=1e-4)
+    assert_nested_close(got, expected, tol=1e-4)
 
 
 @pytest.mark.must
@@ -132,7 +118,7 @@ def test_fixed_batch_graph_is_padded_and_cut_back(cnn_static_export: Any, cnn_ex
     assert static.processor.fixed_batch == 2 and static.processor.fixed_hw == (8, 8)
     images = [_image(9, 9), _image(16, 12), _image(8, 8)]
     got = static(images, top_k=None)  # batches of 2 then 1 (padded to 2)
-    _close(got, pipeline(model=cnn_export.output_dir)(images, top_k=None), tol=1e-5)
+    assert_nested_close(got, pipeline(model=cnn_export.output_dir)(images, top_k=None), tol=1e-5)
 
 
 @pytest.mark.must

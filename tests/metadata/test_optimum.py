@@ -9,6 +9,7 @@ import pytest
 
 from modelexport.inference import pipeline
 from modelexport.metadata import validate_optimum_compatibility
+from tests.helpers import assert_nested_close
 
 pytestmark = pytest.mark.integration
 
@@ -53,21 +54,6 @@ CASES = {
 }
 
 
-def _close(a: Any, b: Any, tol: float = 1e-4) -> None:
-    if isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _close(a[k], b[k], tol)
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            _close(x, y, tol)
-    elif isinstance(a, (float, np.floating)):
-        assert abs(float(a) - float(b)) <= tol
-    else:
-        assert a == b
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_optimum_loads_and_matches(task_export: Any, name: str) -> None:
     task, ort_cls, args, kwargs = CASES[name]
@@ -77,7 +63,7 @@ def test_optimum_loads_and_matches(task_export: Any, name: str) -> None:
     assert report.ort_model_class == ort_cls and report.to_dict()["processor"]["class"]
     ours = pipeline(model=folder)(*args(), **kwargs)
     theirs = _optimum_pipeline(task, ort_cls, folder)(*args(), **kwargs)
-    _close(ours, theirs)
+    assert_nested_close(ours, theirs)
 
 
 def test_optimum_feature_extraction_minilm(minilm_export: Any) -> None:

@@ -286,7 +286,9 @@ def test_dynamic_quantization_of_a_dynamo_exported_cnn(tmp_path: Path) -> None:
     from modelexport.train.cnn import CompactCNN
 
     torch.manual_seed(0)
-    exported = modelexport.export(CompactCNN(1, 10, (8, 8)), tmp_path / "cnn", keep_batchnorm=True, exporter="dynamo")
+    exported = modelexport.export(
+        CompactCNN(1, 10, (8, 8)), tmp_path / "cnn", keep_batchnorm=True, exporter="dynamo"
+    )
     source = onnx.load(str(exported.onnx_path))
     inits = {t.name for t in source.graph.initializer}
     hinted = [vi.name for vi in source.graph.value_info if vi.name in inits]
@@ -294,6 +296,8 @@ def test_dynamic_quantization_of_a_dynamo_exported_cnn(tmp_path: Path) -> None:
         pytest.skip("this exporter version writes no initializer shape hints; nothing to regress")
     result = quantize(exported.onnx_path, tmp_path / "cnn_dynamic.onnx", mode="dynamic")
     assert result.output_path.is_file()
-    assert len(onnx.load(str(exported.onnx_path)).graph.value_info) == len(source.graph.value_info), "input untouched"
+    assert len(onnx.load(str(exported.onnx_path)).graph.value_info) == len(source.graph.value_info), (
+        "input untouched"
+    )
     quantized = onnx.load(str(result.output_path))
     assert all(any(p.key == TAG_KEY for p in n.metadata_props) for n in quantized.graph.node)

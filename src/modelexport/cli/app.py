@@ -47,7 +47,9 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module_name), attr)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(
+    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
+)
 @click.version_option(__version__, prog_name="modelexport")
 @click.option(
     "--log-level",
@@ -60,7 +62,9 @@ class LazyGroup(click.Group):
 def cli(log_level: str, debug: bool) -> None:
     """modelexport: export PyTorch / Hugging Face models to hierarchy-tagged ONNX, inspect, optimize and run them."""
     _STATE["debug"] = debug
-    logging.basicConfig(level=getattr(logging, log_level.upper()), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper()), format="%(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("modelexport").setLevel(getattr(logging, log_level.upper()))
 
 

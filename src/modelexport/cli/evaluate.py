@@ -82,10 +82,19 @@ def _table(result: Any) -> str:
     help="MC-dropout passes (needs an export with --keep-dropout).",
 )
 @click.option("--batch-size", type=int, default=64, show_default=True, help="Samples per ONNX Runtime run.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for random TTA transforms and MC dropout.")
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed for random TTA transforms and MC dropout."
+)
 @click.option("--baseline", is_flag=True, help="Also measure the plain model.")
 @click.option("--ep", "providers", default=None, help="Execution providers in order, e.g. cuda,cpu.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True, help="Output format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="Output format.",
+)
 def evaluate_cmd(
     model: str,
     data: str,

@@ -39,33 +39,74 @@ def _summary(result: Any) -> str:
 @click.command("export")
 @click.argument("model")
 @click.argument("output_dir", type=click.Path(file_okay=False))
-@click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default="dynamo", show_default=True,
-              help="torch.onnx exporter; tags come from its own scope information.")
+@click.option(
+    "--exporter",
+    type=click.Choice(["dynamo", "torchscript"]),
+    default="dynamo",
+    show_default=True,
+    help="torch.onnx exporter; tags come from its own scope information.",
+)
 @click.option("--opset", type=int, default=None, help="ONNX opset version (default: the exporter's).")
-@click.option("--input-specs", type=click.Path(exists=True, dir_okay=False), default=None,
-              help='JSON file: {"inputs": [{"name": "x", "shape": [2, 1, 8, 8], "dtype": "float32"}]}, optional '
-              '"dynamic_axes" {"0": "batch"} and "range" [low, high] per input.')
-@click.option("--input-shape", default=None, help="Shape of the main input, e.g. 2,16 (batch,seq) or 1,3,224,224.")
-@click.option("--text", default=None, help="Example text, tokenized with the model's tokenizer, as export input.")
+@click.option(
+    "--input-specs",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help='JSON file: {"inputs": [{"name": "x", "shape": [2, 1, 8, 8], "dtype": "float32"}]}, optional '
+    '"dynamic_axes" {"0": "batch"} and "range" [low, high] per input.',
+)
+@click.option(
+    "--input-shape", default=None, help="Shape of the main input, e.g. 2,16 (batch,seq) or 1,3,224,224."
+)
+@click.option(
+    "--text", default=None, help="Example text, tokenized with the model's tokenizer, as export input."
+)
 @click.option("--static-shapes", is_flag=True, help="Fix every input axis (no dynamic batch/sequence axes).")
-@click.option("--torch-nn-exceptions", default=None,
-              help="Comma list of torch.nn classes (globs) kept as tag levels "
-              "[default: LayerNorm,Embedding,BatchNorm*,GroupNorm,InstanceNorm*].")
+@click.option(
+    "--torch-nn-exceptions",
+    default=None,
+    help="Comma list of torch.nn classes (globs) kept as tag levels "
+    "[default: LayerNorm,Embedding,BatchNorm*,GroupNorm,InstanceNorm*].",
+)
 @click.option("--include-torch-nn", is_flag=True, help="Make every torch.nn module a tag level.")
-@click.option("--verify-topology", is_flag=True, help="Also run a plain torch.onnx.export and require an identical graph.")
-@click.option("--atol", type=float, default=1e-4, show_default=True, help="Max abs diff allowed, ONNX Runtime vs PyTorch.")
+@click.option(
+    "--verify-topology",
+    is_flag=True,
+    help="Also run a plain torch.onnx.export and require an identical graph.",
+)
+@click.option(
+    "--atol",
+    type=float,
+    default=1e-4,
+    show_default=True,
+    help="Max abs diff allowed, ONNX Runtime vs PyTorch.",
+)
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs PyTorch parity check.")
 @click.option("--with-report", is_flag=True, help="Write export_report.md (stages, times, coverage, parity).")
 @click.option("--jit-graph", is_flag=True, help="Write the TorchScript graph text to jit_graph.txt.")
 @click.option("--fx-graph", is_flag=True, help="Write the torch.export FX graph text to fx_graph.txt.")
-@click.option("--keep-batchnorm", is_flag=True, help="Keep BatchNormalization nodes (needed for BN adaptation).")
-@click.option("--keep-dropout", is_flag=True, help="Export Dropout active (Monte-Carlo dropout); skips parity.")
+@click.option(
+    "--keep-batchnorm", is_flag=True, help="Keep BatchNormalization nodes (needed for BN adaptation)."
+)
+@click.option(
+    "--keep-dropout", is_flag=True, help="Export Dropout active (Monte-Carlo dropout); skips parity."
+)
 @click.option("--task", default=None, help="Pipeline task to embed (default: detected from the model).")
 @click.option("--no-embed-metadata", is_flag=True, help="Do not embed config/processor/task metadata.")
-@click.option("--quantize", type=click.Choice(["none", "dynamic", "static"]), default="none", show_default=True,
-              help="Also write an int8 model beside model.onnx.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-              help="Summary format.")
+@click.option(
+    "--quantize",
+    type=click.Choice(["none", "dynamic", "static"]),
+    default="none",
+    show_default=True,
+    help="Also write an int8 model beside model.onnx.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Summary format.",
+)
 def export_cmd(model: str, output_dir: str, **opts: Any) -> int:
     """Export MODEL (HF folder, hub id, file.py:factory or package.module:factory) to OUTPUT_DIR with hierarchy tags.
 
@@ -94,11 +135,17 @@ def export_cmd(model: str, output_dir: str, **opts: Any) -> int:
         embed_metadata=not opts["no_embed_metadata"],
         task=opts["task"],
         quantize=None if opts["quantize"] == "none" else opts["quantize"],
-        **({"torch_nn_exceptions": opts["torch_nn_exceptions"]} if opts["torch_nn_exceptions"] is not None else {}),
+        **(
+            {"torch_nn_exceptions": opts["torch_nn_exceptions"]}
+            if opts["torch_nn_exceptions"] is not None
+            else {}
+        ),
     )
     from rich.console import Console
 
     with Console(stderr=True).status("Exporting...") as status:
-        result = export(model, output_dir, config, on_stage=lambda stage: status.update(f"Exporting: {stage}..."))
+        result = export(
+            model, output_dir, config, on_stage=lambda stage: status.update(f"Exporting: {stage}...")
+        )
     click.echo(json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else _summary(result))
     return 0

@@ -59,7 +59,13 @@ def _jsonable(value: Any) -> Any:
     default=None,
     help="Execution providers in order, e.g. cuda,cpu (CPU is always last).",
 )
-@click.option("--batch-size", type=int, default=1, show_default=True, help="Inputs per ONNX Runtime run (padded per batch).")
+@click.option(
+    "--batch-size",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Inputs per ONNX Runtime run (padded per batch).",
+)
 @click.option("--top-k", type=int, default=None, help="Labels per input for classification tasks.")
 @click.option("--json", "as_json", is_flag=True, help="Print predictions and timing as JSON.")
 def infer_cmd(

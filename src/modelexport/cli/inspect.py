@@ -116,7 +116,14 @@ def _optimum_report(folder: str, fmt: str) -> bool:
     default=None,
     help="Also check that an export folder loads in Optimum's ORTModel classes.",
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Output format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
 def validate_cmd(
     model: str | None,
     check_consistency: bool,
@@ -248,7 +255,14 @@ def _list_modules(model: str, hierarchy: str | None) -> None:
     help="List the modules that can be extracted, with node and call counts.",
 )
 @_HIERARCHY
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Output format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Output format.",
+)
 def extract_cmd(
     model: str,
     module: str | None,

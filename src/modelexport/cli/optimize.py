@@ -86,8 +86,20 @@ def quantize_summary(result: Any) -> str:
     help="Folder with the tokenizer/processor (default: beside the model, or the exported source folder).",
 )
 @click.option("--per-channel", is_flag=True, help="One scale per output channel of each weight.")
-@click.option("--weight-type", type=click.Choice(["int8", "uint8"]), default="int8", show_default=True, help="Integer type of quantized weights.")
-@click.option("--activation-type", type=click.Choice(["int8", "uint8"]), default="int8", show_default=True, help="Integer type of quantized activations (static mode).")
+@click.option(
+    "--weight-type",
+    type=click.Choice(["int8", "uint8"]),
+    default="int8",
+    show_default=True,
+    help="Integer type of quantized weights.",
+)
+@click.option(
+    "--activation-type",
+    type=click.Choice(["int8", "uint8"]),
+    default="int8",
+    show_default=True,
+    help="Integer type of quantized activations (static mode).",
+)
 @click.option(
     "--op-types", default=None, help="Comma list of op types to quantize (default: all ORT supports)."
 )
@@ -105,13 +117,26 @@ def quantize_summary(result: Any) -> str:
     default=None,
     help="Data to compare int8 vs fp32 (agreement, accuracy, latency).",
 )
-@click.option("--eval-samples", type=int, default=200, show_default=True, help="Samples of --eval-data used for the int8 vs fp32 comparison.")
+@click.option(
+    "--eval-samples",
+    type=int,
+    default=200,
+    show_default=True,
+    help="Samples of --eval-data used for the int8 vs fp32 comparison.",
+)
 @click.option(
     "--error-report",
     is_flag=True,
     help="Per top-level module: max/mean abs error of its outputs, int8 vs fp32.",
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Summary format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Summary format.",
+)
 def quantize_cmd(model: str, output: str, **opts: Any) -> int:
     """int8-quantize MODEL; hierarchy tags, metadata and the sidecar are carried to the output."""
     from ..optimize.config import QuantizeConfig
@@ -176,7 +201,14 @@ def optimize_summary(result: Any) -> str:
 )
 @click.option("--fp16", is_flag=True, help="Convert to float16 (for GPUs; slower on CPU).")
 @click.option("--simplify", is_flag=True, help="Simplify with onnxslim.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Summary format.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Summary format.",
+)
 def optimize_cmd(model: str, output: str, fmt: str, **opts: Any) -> int:
     """Optimize MODEL's graph; fused nodes are tagged with the common module of what they replaced."""
     from ..optimize.config import OptimizeConfig

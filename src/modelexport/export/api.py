@@ -106,7 +106,9 @@ def _reference_run(ctx: ExportContext) -> None:
     try:
         ctx.tree.count_calls(module, run)
     except (TypeError, RuntimeError, ValueError, IndexError) as exc:
-        raise InputSpecError(f"{type(module).__name__}.forward() failed on the example inputs: {exc}") from exc
+        raise InputSpecError(
+            f"{type(module).__name__}.forward() failed on the example inputs: {exc}"
+        ) from exc
     ctx.reference = flatten_outputs(holder["out"])
     if not ctx.reference:
         raise ExportError(f"{type(module).__name__}.forward() returned no tensors; nothing to export")
@@ -115,7 +117,12 @@ def _reference_run(ctx: ExportContext) -> None:
 def _settings(ctx: ExportContext) -> CaptureSettings:
     c = ctx.config
     return CaptureSettings(
-        c.exporter, c.opset, output_names_for(ctx.reference), c.static_shapes, c.keep_batchnorm, c.keep_dropout
+        c.exporter,
+        c.opset,
+        output_names_for(ctx.reference),
+        c.static_shapes,
+        c.keep_batchnorm,
+        c.keep_dropout,
     )
 
 
@@ -130,12 +137,16 @@ def _dump_graphs(ctx: ExportContext) -> None:
         ctx.files["fx_graph"] = "fx_graph.txt"
     if ctx.config.jit_graph:
         with training_modes(module, ctx.config.keep_dropout), torch.no_grad():
-            traced = torch.jit.trace(module, example_kwarg_inputs=dict(ctx.inputs.tensors), strict=False, check_trace=False)
+            traced = torch.jit.trace(
+                module, example_kwarg_inputs=dict(ctx.inputs.tensors), strict=False, check_trace=False
+            )
         (ctx.staging_dir / "jit_graph.txt").write_text(str(traced.inlined_graph), encoding="utf-8")
         ctx.files["jit_graph"] = "jit_graph.txt"
 
 
-def _verify(ctx: ExportContext, settings: CaptureSettings, model: bytes | Path) -> tuple[bool | None, dict[str, Any] | None]:
+def _verify(
+    ctx: ExportContext, settings: CaptureSettings, model: bytes | Path
+) -> tuple[bool | None, dict[str, Any] | None]:
     """Topology (optional), onnx.checker and parity, on the serialized model (serialized once)."""
     import onnx
 
@@ -144,7 +155,9 @@ def _verify(ctx: ExportContext, settings: CaptureSettings, model: bytes | Path) 
         with ctx.stages.stage("topology", "compare with a plain torch.onnx.export") as st:
             diff = compare_topology(ctx.model_proto, capture(ctx.loaded.module, ctx.inputs, settings))
             if not diff.identical:
-                raise TopologyMismatchError("tagged graph differs from the baseline: " + "; ".join(diff.differences[:5]))
+                raise TopologyMismatchError(
+                    "tagged graph differs from the baseline: " + "; ".join(diff.differences[:5])
+                )
             identical, st["detail"] = True, "identical to baseline"
     with ctx.stages.stage("onnx_checker"):
         try:
@@ -219,7 +232,9 @@ def export(
                 _dump_graphs(ctx)
         with ctx.stages.stage("tagging") as st:
             ctx.tagging = tag_model(ctx.model_proto, ctx.tree, cfg.exporter)
-            st["detail"] = f"{ctx.tagging.coverage['coverage_pct']}% of {ctx.tagging.coverage['total_nodes']} nodes"
+            st["detail"] = (
+                f"{ctx.tagging.coverage['coverage_pct']}% of {ctx.tagging.coverage['total_nodes']} nodes"
+            )
         ctx.extra["export_settings"] = _settings_record(ctx)
         _run_passes(ctx)
         with ctx.stages.stage("write"):
@@ -229,7 +244,9 @@ def export(
     return result
 
 
-def _prepare(model: Any, cfg: ExportConfig, staging: Path, on_stage: Callable[[str], None] | None) -> ExportContext:
+def _prepare(
+    model: Any, cfg: ExportConfig, staging: Path, on_stage: Callable[[str], None] | None
+) -> ExportContext:
     stages = StageLog(on_stage=on_stage)
     with stages.stage("load"):
         loaded = load_model(model)
@@ -260,11 +277,15 @@ def _settings_record(ctx: ExportContext) -> dict[str, Any]:
     }
 
 
-def _finish(ctx: ExportContext, output_dir: Path, identical: bool | None, parity: dict[str, Any] | None) -> ExportResult:
+def _finish(
+    ctx: ExportContext, output_dir: Path, identical: bool | None, parity: dict[str, Any] | None
+) -> ExportResult:
     cfg = ctx.config
     opset = _opset(ctx.model_proto)
     with ctx.stages.stage("sidecar"):
-        sidecar = build_sidecar(ctx.model_proto, ctx.tree, ctx.tagging, ctx.extra["export_settings"], _model_info(ctx.loaded))
+        sidecar = build_sidecar(
+            ctx.model_proto, ctx.tree, ctx.tagging, ctx.extra["export_settings"], _model_info(ctx.loaded)
+        )
         write_json(ctx.staging_dir / SIDECAR_NAME, sidecar)
     result = ExportResult(
         output_dir=output_dir,
@@ -284,6 +305,8 @@ def _finish(ctx: ExportContext, output_dir: Path, identical: bool | None, parity
     if cfg.with_report:
         from ..report.export_report import render_export_report
 
-        write_text(ctx.staging_dir / "export_report.md", render_export_report(result, _model_info(ctx.loaded)))
+        write_text(
+            ctx.staging_dir / "export_report.md", render_export_report(result, _model_info(ctx.loaded))
+        )
         result.files["report"] = "export_report.md"
     return result

@@ -96,7 +96,9 @@ def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     dynamic = None
     if not s.static_shapes:
         axes = inputs.dynamic_axes(False) or {}
-        dynamic = {name: {int(a): torch.export.Dim.DYNAMIC for a in axes.get(name, {})} for name in inputs.tensors}
+        dynamic = {
+            name: {int(a): torch.export.Dim.DYNAMIC for a in axes.get(name, {})} for name in inputs.tensors
+        }
     program = torch.onnx.export(
         model,
         (),

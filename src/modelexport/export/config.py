@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .._config import split_names
 from ..errors import ConfigError, InputSpecError
 from ..hierarchy.tree import DEFAULT_TORCH_NN_EXCEPTIONS
 
@@ -32,20 +33,28 @@ class InputSpec:
         try:
             shape = tuple(int(d) for d in self.shape)
         except (TypeError, ValueError) as exc:
-            raise InputSpecError(f"input {self.name!r}: 'shape' must be a list of integers, got {self.shape!r}") from exc
+            raise InputSpecError(
+                f"input {self.name!r}: 'shape' must be a list of integers, got {self.shape!r}"
+            ) from exc
         if any(d < 0 for d in shape):
             raise InputSpecError(f"input {self.name!r}: shape dimensions must be >= 0, got {list(shape)}")
         object.__setattr__(self, "shape", shape)
         if self.dtype not in _DTYPES:
-            raise InputSpecError(f"input {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
+            raise InputSpecError(
+                f"input {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}"
+            )
         if self.dynamic_axes is not None:
             try:
                 axes = {int(k): str(v) for k, v in dict(self.dynamic_axes).items()}
             except (TypeError, ValueError) as exc:
-                raise InputSpecError(f"input {self.name!r}: 'dynamic_axes' must map axis index to a name") from exc
+                raise InputSpecError(
+                    f"input {self.name!r}: 'dynamic_axes' must map axis index to a name"
+                ) from exc
             bad = [a for a in axes if not 0 <= a < len(shape)]
             if bad:
-                raise InputSpecError(f"input {self.name!r}: dynamic axes {bad} are outside its rank {len(shape)}")
+                raise InputSpecError(
+                    f"input {self.name!r}: dynamic axes {bad} are outside its rank {len(shape)}"
+                )
             object.__setattr__(self, "dynamic_axes", axes)
         if self.range is not None:
             lo, hi = (float(v) for v in self.range)
@@ -57,7 +66,9 @@ class InputSpec:
     def from_dict(cls, data: dict[str, Any]) -> InputSpec:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
-            raise InputSpecError(f"unknown keys in input spec: {sorted(unknown)}; valid: name, shape, dtype, dynamic_axes, range")
+            raise InputSpecError(
+                f"unknown keys in input spec: {sorted(unknown)}; valid: name, shape, dtype, dynamic_axes, range"
+            )
         if "name" not in data or "shape" not in data:
             raise InputSpecError(f"input spec {data!r} needs at least 'name' and 'shape'")
         return cls(**data)
@@ -86,7 +97,9 @@ def load_input_specs(source: str | Path | dict[str, Any] | list[Any]) -> tuple[I
     if isinstance(data, dict):
         data = data.get("inputs")
     if not isinstance(data, list) or not data:
-        raise InputSpecError('input specs must be {"inputs": [{"name": ..., "shape": [...], "dtype": ...}, ...]}')
+        raise InputSpecError(
+            'input specs must be {"inputs": [{"name": ..., "shape": [...], "dtype": ...}, ...]}'
+        )
     return tuple(s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in data)
 
 
@@ -130,9 +143,7 @@ class ExportConfig:
         if self.atol <= 0:
             raise ConfigError(f"atol must be > 0, got {self.atol}")
         if isinstance(self.torch_nn_exceptions, str):
-            object.__setattr__(
-                self, "torch_nn_exceptions", tuple(s.strip() for s in self.torch_nn_exceptions.split(",") if s.strip())
-            )
+            object.__setattr__(self, "torch_nn_exceptions", split_names(self.torch_nn_exceptions))
         if self.input_specs is not None and not isinstance(self.input_specs, tuple):
             object.__setattr__(self, "input_specs", load_input_specs(self.input_specs))
         if self.input_shape is not None:

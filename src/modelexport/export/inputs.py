@@ -50,7 +50,9 @@ def _vocab(config: Any) -> int:
 @input_generator("input_ids", "decoder_input_ids")
 def _ids(config: Any, cfg: ExportConfig) -> InputSpec:
     b, s = _text_shape(cfg)
-    return InputSpec("input_ids", (b, s), "int64", {0: "batch_size", 1: "sequence_length"}, (0, _vocab(config)))
+    return InputSpec(
+        "input_ids", (b, s), "int64", {0: "batch_size", 1: "sequence_length"}, (0, _vocab(config))
+    )
 
 
 @input_generator("attention_mask", "decoder_attention_mask")
@@ -176,7 +178,9 @@ def _first_layer_spec(module: Any, name: str) -> InputSpec | None:
         if isinstance(sub, nn.Conv3d):
             return InputSpec(name, (BATCH, sub.in_channels, 8, 16, 16), "float32", {0: "batch_size"})
         if isinstance(sub, nn.Embedding):
-            return InputSpec(name, (BATCH, SEQ), "int64", {0: "batch_size", 1: "sequence_length"}, (0, sub.num_embeddings))
+            return InputSpec(
+                name, (BATCH, SEQ), "int64", {0: "batch_size", 1: "sequence_length"}, (0, sub.num_embeddings)
+            )
         if isinstance(sub, nn.RNNBase):
             shape = (BATCH, 8, sub.input_size) if sub.batch_first else (8, BATCH, sub.input_size)
             return InputSpec(name, shape, "float32", {0 if sub.batch_first else 1: "batch_size"})
@@ -212,7 +216,9 @@ def _check_against_signature(specs: tuple[InputSpec, ...], params: list[inspect.
         raise InputSpecError(f"forward() requires {missing} but the input specs do not give them")
 
 
-def build_inputs(module: Any, cfg: ExportConfig, tokenizer: Any | None = None, seed: int = 0) -> ExampleInputs:
+def build_inputs(
+    module: Any, cfg: ExportConfig, tokenizer: Any | None = None, seed: int = 0
+) -> ExampleInputs:
     """Build example inputs: explicit specs win, then HF conventions, then the first layer's shape."""
     params = forward_parameters(module)
     names = [p.name for p in params]
@@ -224,7 +230,9 @@ def build_inputs(module: Any, cfg: ExportConfig, tokenizer: Any | None = None, s
     else:
         required = [p.name for p in params if p.default is inspect.Parameter.empty]
         if len(required) != 1:
-            raise InputSpecError(f"cannot guess example inputs for forward({', '.join(names)}); give --input-specs FILE.json")
+            raise InputSpecError(
+                f"cannot guess example inputs for forward({', '.join(names)}); give --input-specs FILE.json"
+            )
         spec = _first_layer_spec(module, required[0])
         if spec is None:
             raise InputSpecError(
@@ -240,5 +248,7 @@ def build_inputs(module: Any, cfg: ExportConfig, tokenizer: Any | None = None, s
         tokens = _tokenize_text(cfg.text, tokenizer, set(tensors))
         for k, v in tokens.items():
             tensors[k] = v
-        specs = [InputSpec(s.name, tuple(tensors[s.name].shape), s.dtype, s.dynamic_axes, s.range) for s in specs]
+        specs = [
+            InputSpec(s.name, tuple(tensors[s.name].shape), s.dtype, s.dynamic_axes, s.range) for s in specs
+        ]
     return ExampleInputs(tuple(specs), tensors)

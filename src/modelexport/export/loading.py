@@ -135,7 +135,9 @@ def _load_hf(name_or_path: str, local: bool) -> LoadedModel:
         config = AutoConfig.from_pretrained(name_or_path, **kwargs)
     except OSError as exc:
         if local:
-            raise ModelLoadError(f"{name_or_path} is not a Hugging Face model folder (no loadable config.json): {exc}") from exc
+            raise ModelLoadError(
+                f"{name_or_path} is not a Hugging Face model folder (no loadable config.json): {exc}"
+            ) from exc
         raise ModelNotFoundError(
             f"{name_or_path!r} is neither a local path nor a reachable/cached Hugging Face hub id ({exc.__class__.__name__})",
             hint="check the spelling; offline, use a local model folder or pre-download it into the HF cache",
@@ -146,7 +148,9 @@ def _load_hf(name_or_path: str, local: bool) -> LoadedModel:
     try:
         module = cls.from_pretrained(name_or_path, config=config, **kwargs)
     except Exception as exc:
-        raise ModelLoadError(f"loading {name_or_path} with {cls.__name__} failed: {type(exc).__name__}: {exc}") from exc
+        raise ModelLoadError(
+            f"loading {name_or_path} with {cls.__name__} failed: {type(exc).__name__}: {exc}"
+        ) from exc
     module.eval()
     model_dir = Path(name_or_path) if local else _cached_dir(name_or_path)
     return LoadedModel(module, "huggingface", name_or_path=name_or_path, model_dir=model_dir)
@@ -178,7 +182,9 @@ def load_model(model: Any) -> LoadedModel:
     if path.is_dir():
         return _load_hf(spec, local=True)
     if path.suffix == ".onnx":
-        raise InvalidModelError(f"{spec} is already an ONNX file; export takes a PyTorch or Hugging Face model")
+        raise InvalidModelError(
+            f"{spec} is already an ONNX file; export takes a PyTorch or Hugging Face model"
+        )
     if ":" in spec and not path.exists():
         return _load_factory(spec)
     if path.exists():

@@ -56,10 +56,17 @@ class ParityReport:
         return max(self.max_abs_diff.values(), default=0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"atol": self.atol, "max_abs_diff": self.max_abs_diff, "passed": self.passed, "provider": self.provider}
+        return {
+            "atol": self.atol,
+            "max_abs_diff": self.max_abs_diff,
+            "passed": self.passed,
+            "provider": self.provider,
+        }
 
 
-def check_parity(model: bytes | Any, feeds: dict[str, np.ndarray], reference: list[tuple[str, Any]], atol: float) -> ParityReport:
+def check_parity(
+    model: bytes | Any, feeds: dict[str, np.ndarray], reference: list[tuple[str, Any]], atol: float
+) -> ParityReport:
     """Run ONNX Runtime and compare with the PyTorch ``reference`` outputs; raise ParityError beyond atol."""
     from ..runtime.session import create_session
 

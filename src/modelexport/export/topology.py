@@ -24,7 +24,12 @@ def graph_structure(model: Any) -> dict[str, Any]:
             (n.name, n.domain, n.op_type, tuple(n.input), tuple(n.output), _attr_digest(n)) for n in g.node
         ],
         "initializers": sorted(
-            (t.name, t.data_type, tuple(t.dims), hashlib.sha1(t.SerializeToString(deterministic=True)).hexdigest()[:12])
+            (
+                t.name,
+                t.data_type,
+                tuple(t.dims),
+                hashlib.sha1(t.SerializeToString(deterministic=True)).hexdigest()[:12],
+            )
             for t in g.initializer
         ),
         "inputs": [(v.name, v.type.SerializeToString(deterministic=True)) for v in g.input],

@@ -44,7 +44,9 @@ class TaggingResult:
         }
 
 
-def _propagate(graph: Any, keys: list[str], tags: dict[str, str], sources: dict[str, str], root_tag: str) -> None:
+def _propagate(
+    graph: Any, keys: list[str], tags: dict[str, str], sources: dict[str, str], root_tag: str
+) -> None:
     producer: dict[str, str] = {}
     consumers: dict[str, list[str]] = defaultdict(list)
     for key, node in zip(keys, graph.node, strict=True):

@@ -69,7 +69,11 @@ def read_node_tags(model: Any) -> dict[str, dict[str, str | None]]:
     out: dict[str, dict[str, str | None]] = {}
     for i, node in enumerate(model.graph.node):
         props = _props(node)
-        out[node_key(node, i)] = {"tag": props.get(TAG_KEY), "source": props.get(TAG_SOURCE_KEY), "op_type": node.op_type}
+        out[node_key(node, i)] = {
+            "tag": props.get(TAG_KEY),
+            "source": props.get(TAG_SOURCE_KEY),
+            "op_type": node.op_type,
+        }
     return out
 
 

@@ -16,7 +16,13 @@ from typing import Any
 __all__ = ["TagRules", "ModuleInfo", "ModuleTree", "DEFAULT_TORCH_NN_EXCEPTIONS"]
 
 #: torch.nn classes that stay tag levels although they are plain building blocks (glob patterns).
-DEFAULT_TORCH_NN_EXCEPTIONS: tuple[str, ...] = ("LayerNorm", "Embedding", "BatchNorm*", "GroupNorm", "InstanceNorm*")
+DEFAULT_TORCH_NN_EXCEPTIONS: tuple[str, ...] = (
+    "LayerNorm",
+    "Embedding",
+    "BatchNorm*",
+    "GroupNorm",
+    "InstanceNorm*",
+)
 
 
 @dataclass(frozen=True)

@@ -10,19 +10,9 @@ from typing import Any
 import numpy as np
 
 from ..metadata.schema import KEY_INPUTS, KEY_OUTPUTS
+from ..runtime.types import ORT_TO_NUMPY as _ORT_TYPES
 
 __all__ = ["GraphInput", "graph_inputs", "graph_outputs", "fixed_dim"]
-
-_ORT_TYPES = {
-    "tensor(float)": "float32",
-    "tensor(float16)": "float16",
-    "tensor(double)": "float64",
-    "tensor(int64)": "int64",
-    "tensor(int32)": "int32",
-    "tensor(int8)": "int8",
-    "tensor(uint8)": "uint8",
-    "tensor(bool)": "bool",
-}
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InferenceError, InputSpecError
+from ..runtime.types import ORT_TO_NUMPY as _ORT_TYPES
 
 __all__ = [
     "generate_inputs",
@@ -26,18 +27,6 @@ __all__ = [
 DYNAMIC_BATCH = 1
 DYNAMIC_DIM = 16
 INT_RANGE = (0, 100)
-
-_ORT_TYPES = {
-    "tensor(float)": "float32",
-    "tensor(float16)": "float16",
-    "tensor(double)": "float64",
-    "tensor(int64)": "int64",
-    "tensor(int32)": "int32",
-    "tensor(int8)": "int8",
-    "tensor(uint8)": "uint8",
-    "tensor(bool)": "bool",
-    "tensor(int16)": "int16",
-}
 
 
 def _specs(sidecar: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

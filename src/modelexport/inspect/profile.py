@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._config import split_names
 from ..errors import ConfigError
 from .formats import renderer
 from .graph import ancestors_of
@@ -58,7 +59,7 @@ class ProfileConfig:
                 f"optimization must be one of {', '.join(GRAPH_LEVELS)}, got {self.optimization!r}"
             )
         if isinstance(self.providers, str):
-            object.__setattr__(self, "providers", tuple(p for p in self.providers.split(",") if p.strip()))
+            object.__setattr__(self, "providers", split_names(self.providers))
 
 
 @dataclass

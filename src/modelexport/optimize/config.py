@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from .._config import split_names
 from ..errors import ConfigError
 
 __all__ = ["QuantizeConfig", "OptimizeConfig", "WEIGHT_TYPES", "CALIBRATE_METHODS", "GRAPH_LEVELS"]
@@ -19,14 +20,6 @@ def _choice(name: str, value: str, valid: tuple[str, ...]) -> str:
     if v not in valid:
         raise ConfigError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
     return v
-
-
-def _tuple(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    return tuple(str(v) for v in value)
 
 
 @dataclass(frozen=True)
@@ -59,8 +52,8 @@ class QuantizeConfig:
         object.__setattr__(
             self, "calibrate_method", _choice("calibrate_method", self.calibrate_method, CALIBRATE_METHODS)
         )
-        object.__setattr__(self, "op_types", _tuple(self.op_types))
-        object.__setattr__(self, "exclude_modules", _tuple(self.exclude_modules))
+        object.__setattr__(self, "op_types", split_names(self.op_types))
+        object.__setattr__(self, "exclude_modules", split_names(self.exclude_modules))
         if self.calibration_samples < 1:
             raise ConfigError(f"calibration_samples must be >= 1, got {self.calibration_samples}")
 

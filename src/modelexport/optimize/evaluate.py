@@ -32,9 +32,11 @@ def run_samples(
     return results, times[len(times) // 2] if times else 0.0
 
 
-def time_session(model: Any, feed: dict[str, Any], repeat: int = 20, warmup: int = 3) -> float:
-    """Median seconds of one run of ``feed``."""
-    sess, _ = create_session(model)
+def time_session(
+    model: Any, feed: dict[str, Any], repeat: int = 20, warmup: int = 3, threads: int = 0
+) -> float:
+    """Median seconds of one run of ``feed`` (``threads`` intra-op threads; 0 lets ORT choose)."""
+    sess, _ = create_session(model, intra_op_num_threads=threads)
     for _ in range(warmup):
         sess.run(None, feed)
     times = []

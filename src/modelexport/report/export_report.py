@@ -20,7 +20,9 @@ def render_export_report(result: Any, model_info: dict[str, Any]) -> str:
         + ", ".join(f"{k}: {v}" for k, v in sorted(cov["by_source"].items())),
         f"- Unique tags: {cov['unique_tags']}",
         "- Topology vs plain torch.onnx.export: "
-        + {True: "identical", False: "DIFFERENT", None: "not checked (use --verify-topology)"}[result.topology_identical],
+        + {True: "identical", False: "DIFFERENT", None: "not checked (use --verify-topology)"}[
+            result.topology_identical
+        ],
     ]
     if result.parity:
         diffs = ", ".join(f"`{k}` {v:.3g}" for k, v in result.parity["max_abs_diff"].items())

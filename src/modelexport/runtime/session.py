@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._config import split_names
 from ..errors import ConfigError, OnnxFileError, ProviderError
 
 __all__ = ["SessionConfig", "SessionInfo", "available_providers", "create_session", "resolve_providers"]
@@ -65,7 +66,7 @@ def resolve_providers(
 ) -> tuple[list[str], list[str]]:
     """Return (providers to try in order, requested-but-unavailable). CPU always comes last."""
     if isinstance(requested, str):
-        requested = [p for p in requested.split(",") if p.strip()]
+        requested = list(split_names(requested))
     wanted = [_canonical(p) for p in (requested or [])]
     available = available if available is not None else available_providers()
     order: list[str] = []
@@ -94,7 +95,7 @@ class SessionConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.providers, str):
-            object.__setattr__(self, "providers", tuple(p for p in self.providers.split(",") if p.strip()))
+            object.__setattr__(self, "providers", split_names(self.providers))
         else:
             object.__setattr__(self, "providers", tuple(self.providers or ()))
         if self.graph_optimization_level not in GRAPH_LEVELS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from .._config import split_names
 from ..errors import TestTimeError
 from .aggregate import AGGREGATORS
 from .augment import MODALITIES, transforms_for
@@ -49,10 +50,7 @@ class TestTimePolicy:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        names = self.tta_transforms
-        if isinstance(names, str):
-            names = tuple(n.strip() for n in names.split(",") if n.strip())
-        object.__setattr__(self, "tta_transforms", tuple(names))
+        object.__setattr__(self, "tta_transforms", split_names(self.tta_transforms))
         if self.modality not in (*MODALITIES, "auto"):
             raise TestTimeError(
                 f"modality must be one of auto, {', '.join(MODALITIES)}, got {self.modality!r}"

@@ -17,6 +17,7 @@ import dspy
 import numpy as np
 from dspy.teleprompt import Teleprompter
 
+from .._config import split_names
 from ..errors import ConfigError, TestTimeError, TrainingError
 from ..testtime.aggregate import AGGREGATORS
 from ..testtime.augment import transforms_for
@@ -66,9 +67,7 @@ class PolicySearchSpace:
 
     def __post_init__(self) -> None:
         if isinstance(self.tta_transforms, str):
-            object.__setattr__(
-                self, "tta_transforms", tuple(t.strip() for t in self.tta_transforms.split(",") if t.strip())
-            )
+            object.__setattr__(self, "tta_transforms", split_names(self.tta_transforms))
         TestTimePolicy(tta_transforms=self.tta_transforms)  # unknown names fail here, listing the valid ones
         if self.tta_aggregate is not None:
             AGGREGATORS.get(self.tta_aggregate)

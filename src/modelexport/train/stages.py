@@ -329,4 +329,3 @@ class PipelineRun:
                 "test_time": test_time,
             }
         )
-

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._config import split_names
 from .._io import atomic_dir
 from ..data import BUILTINS, Dataset, load_dataset
 from ..errors import ConfigError
@@ -26,14 +27,6 @@ __all__ = ["PipelineConfig", "PipelineResult", "run_pipeline", "LOG_LEVELS"]
 log = logging.getLogger(__name__)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 REPORT_NAME = "pipeline_report.json"
-
-
-def _csv(value: Any) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    return tuple(str(v) for v in value)
 
 
 @dataclass(frozen=True)
@@ -75,8 +68,8 @@ class PipelineConfig:
         for name in ("epochs", "batch_size", "learning_rate", "tta", "ttt"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, spec.defaults.get(name))
-        object.__setattr__(self, "tta_transforms", _csv(self.tta_transforms))
-        object.__setattr__(self, "ep", _csv(self.ep) or ("cpu",))
+        object.__setattr__(self, "tta_transforms", split_names(self.tta_transforms))
+        object.__setattr__(self, "ep", split_names(self.ep) or ("cpu",))
         object.__setattr__(self, "quantize", str(self.quantize).lower())
         object.__setattr__(self, "log_level", str(self.log_level).upper())
         self._check_ranges()

@@ -1,0 +1,25 @@
+"""Assertions shared by test packages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["assert_nested_close"]
+
+
+def assert_nested_close(a: Any, b: Any, tol: float = 1e-4) -> None:
+    """Pipeline outputs (dicts/lists of floats and labels) equal up to ``tol`` on every float."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_nested_close(a[k], b[k], tol)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_nested_close(x, y, tol)
+    elif isinstance(a, (float, np.floating)):
+        assert abs(float(a) - float(b)) <= tol
+    else:
+        assert a == b
