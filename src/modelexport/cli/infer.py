@@ -13,17 +13,31 @@ from ..errors import ConfigError
 __all__ = ["infer_cmd"]
 
 
+#: processor modality -> the option that feeds it
+_OPTION_FOR = {"texts": "--text", "images": "--image", "audio": "--audio"}
+
+
 def _inputs(
     texts: tuple[str, ...], images: tuple[str, ...], audio: tuple[str, ...], question: str | None
-) -> tuple[Any, dict[str, Any]]:
-    given = [x for x in (texts, images, audio) if x]
+) -> tuple[Any, str]:
+    """The items to run and the processor modality they are for."""
+    given = [(x, kind) for x, kind in ((texts, "texts"), (images, "images"), (audio, "audio")) if x]
     if len(given) != 1:
         raise ConfigError("give exactly one kind of input: --text, --image or --audio (each repeatable)")
     if question is not None:
         if not texts:
             raise ConfigError("--question needs --text as the context")
-        return [{"question": question, "context": t} for t in texts], {}
-    return list(given[0]), {}
+        return [{"question": question, "context": t} for t in texts], "texts"
+    return list(given[0][0]), given[0][1]
+
+
+def _check_modality(pipe: Any, kind: str) -> None:
+    wanted = getattr(getattr(pipe, "processor", None), "modality", "")
+    if wanted in _OPTION_FOR and wanted != kind:
+        raise ConfigError(
+            f"this model's task is {pipe.task}: it takes {_OPTION_FOR[wanted]}, not {_OPTION_FOR[kind]}",
+            hint=f"run `modelexport infer MODEL {_OPTION_FOR[wanted]} ...`",
+        )
 
 
 def _jsonable(value: Any) -> Any:
@@ -83,12 +97,14 @@ def infer_cmd(
     """Run MODEL (a .onnx file or an export folder) on the inputs with the auto-detected pipeline."""
     from ..inference import pipeline
 
-    items, kwargs = _inputs(texts, images, audio, question)
+    items, kind = _inputs(texts, images, audio, question)
+    kwargs: dict[str, Any] = {}
     if top_k is not None:
         kwargs["top_k"] = top_k
     start = time.perf_counter()
     pipe = pipeline(task, model, providers=providers, batch_size=batch_size)
     load_ms = (time.perf_counter() - start) * 1000
+    _check_modality(pipe, kind)
     start = time.perf_counter()
     predictions = pipe(items, **kwargs)
     run_ms = (time.perf_counter() - start) * 1000
