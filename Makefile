@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow test-all lint bench clean
+.PHONY: venv demo test test-slow test-all lint bench bench-all clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,14 @@ lint: venv
 
 bench: venv
 	$(BIN)/python benchmarks/export_overhead.py
+
+# Every ratio benchmark (tens of minutes on 2 cores); each writes benchmarks/results/<name>.json.
+bench-all: venv
+	$(BIN)/python benchmarks/export_overhead.py
+	$(BIN)/python benchmarks/analyze_speed.py
+	$(BIN)/python benchmarks/pipeline_latency.py
+	$(BIN)/python benchmarks/quantization.py
+	$(BIN)/python benchmarks/test_time.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

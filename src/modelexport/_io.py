@@ -13,7 +13,7 @@ from typing import Any
 
 from .errors import OutputWriteError
 
-__all__ = ["atomic_path", "atomic_dir", "write_json", "write_text"]
+__all__ = ["atomic_path", "atomic_dir", "onnx_weight_bytes", "write_json", "write_text"]
 
 
 @contextlib.contextmanager
@@ -74,3 +74,22 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(path)
+
+
+def onnx_weight_bytes(model: Any) -> int:
+    """Bytes of a ModelProto's initializers, from their shapes.
+
+    Decides whether a model needs external data (protobuf's 2 GB limit). ``ByteSize()`` or reading
+    ``raw_data`` walks or copies the whole message (seconds for a fresh 400 MB model); shapes are free.
+    """
+    import numpy as np
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    total = 0
+    for t in model.graph.initializer:
+        try:
+            itemsize = tensor_dtype_to_np_dtype(t.data_type).itemsize
+        except (KeyError, TypeError):  # string tensors: count 8 bytes a value
+            itemsize = 8
+        total += int(np.prod(t.dims, dtype=np.int64)) * itemsize
+    return total

@@ -250,7 +250,9 @@ def test_infer_cli_bad_input(
 
 
 @pytest.mark.sanity
-def test_infer_cli_names_the_input_option_the_task_needs(cnn_export: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_infer_cli_names_the_input_option_the_task_needs(
+    cnn_export: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["infer", str(cnn_export.output_dir), "--text", "hello"]) == 1
     err = capsys.readouterr().err
     assert "takes --image, not --text" in err and "Traceback" not in err

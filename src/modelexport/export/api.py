@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_dir, write_json, write_text
+from .._io import atomic_dir, onnx_weight_bytes, write_json, write_text
 from ..errors import ExportError, InputSpecError, TopologyMismatchError
 from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
@@ -192,7 +192,7 @@ def _write_model(proto: Any, path: Path) -> bytes | Path:
     models over protobuf's 2 GB limit, which are saved with external data."""
     import onnx
 
-    if proto.ByteSize() > 1_800_000_000:
+    if onnx_weight_bytes(proto) > 1_800_000_000:
         onnx.save_model(proto, str(path), save_as_external_data=True, location=f"{path.name}.data")
         return path
     data = proto.SerializeToString()

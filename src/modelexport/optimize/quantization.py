@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_path
+from .._io import atomic_path, onnx_weight_bytes
 from ..errors import ConfigError, OnnxFileError, OptimizationError
 from ..hierarchy.tags import TAG_KEY
 from .calibration import SampleSet, load_samples
@@ -184,7 +184,7 @@ def save_onnx(model: Any, path: str | Path) -> Path:
     import onnx
 
     path = Path(path)
-    large = model.ByteSize() > 1_800_000_000
+    large = onnx_weight_bytes(model) > 1_800_000_000
     with atomic_path(path) as tmp:
         onnx.save_model(
             model, str(tmp), save_as_external_data=large, location=f"{path.name}.data" if large else None
