@@ -176,17 +176,6 @@ def _verify(
     return identical, report.to_dict()
 
 
-def _model_info(loaded: LoadedModel) -> dict[str, Any]:
-    cls = type(loaded.module)
-    return {
-        "class": cls.__name__,
-        "qualified_class": f"{cls.__module__}.{cls.__qualname__}",
-        "source": loaded.source,
-        "name_or_path": loaded.name_or_path,
-        "parameters": int(sum(p.numel() for p in loaded.module.parameters())),
-    }
-
-
 def _write_model(proto: Any, path: Path) -> bytes | Path:
     """Serialize once and write; returns the bytes (reused by checker and parity), or the path for
     models over protobuf's 2 GB limit, which are saved with external data."""
@@ -284,7 +273,7 @@ def _finish(
     opset = _opset(ctx.model_proto)
     with ctx.stages.stage("sidecar"):
         sidecar = build_sidecar(
-            ctx.model_proto, ctx.tree, ctx.tagging, ctx.extra["export_settings"], _model_info(ctx.loaded)
+            ctx.model_proto, ctx.tree, ctx.tagging, ctx.extra["export_settings"], ctx.loaded.info()
         )
         write_json(ctx.staging_dir / SIDECAR_NAME, sidecar)
     result = ExportResult(
@@ -306,7 +295,7 @@ def _finish(
         from ..report.export_report import render_export_report
 
         write_text(
-            ctx.staging_dir / "export_report.md", render_export_report(result, _model_info(ctx.loaded))
+            ctx.staging_dir / "export_report.md", render_export_report(result, ctx.loaded.info())
         )
         result.files["report"] = "export_report.md"
     return result

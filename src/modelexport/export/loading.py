@@ -26,6 +26,17 @@ class LoadedModel:
     name_or_path: str | None = None
     model_dir: Path | None = None  # local folder holding config/tokenizer files, when there is one
 
+    def info(self) -> dict[str, Any]:
+        """What the sidecar and the report say about the model."""
+        cls = type(self.module)
+        return {
+            "class": cls.__name__,
+            "qualified_class": f"{cls.__module__}.{cls.__qualname__}",
+            "source": self.source,
+            "name_or_path": self.name_or_path,
+            "parameters": int(sum(p.numel() for p in self.module.parameters())),
+        }
+
     @property
     def hf_config(self) -> Any | None:
         """The transformers config, for Hugging Face models."""

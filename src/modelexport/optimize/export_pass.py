@@ -19,11 +19,10 @@ __all__ = ["quantize_package_pass"]
 
 
 def _sidecar(ctx: Any) -> dict[str, Any]:
-    from ..export.api import _model_info
     from ..export.sidecar import build_sidecar
 
     settings = ctx.extra.get("export_settings", {})
-    return build_sidecar(ctx.model_proto, ctx.tree, ctx.tagging, settings, _model_info(ctx.loaded))
+    return build_sidecar(ctx.model_proto, ctx.tree, ctx.tagging, settings, ctx.loaded.info())
 
 
 def quantize_package_pass(ctx: Any) -> None:
