@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from tests.models.hf_models import HF_TINY
+
 __all__ = ["WORDS", "TASK_MODELS", "save_task_model", "plain_cnn", "CNN_PROCESSOR", "CNN_LABELS"]
 
 _SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -43,23 +45,13 @@ TASK_MODELS: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "image_cls": (
         "vit",
         "AutoModelForImageClassification",
-        dict(_TEXT, image_size=32, patch_size=8, num_channels=3, id2label={0: "cat", 1: "dog", 2: "bird"}),
+        dict(HF_TINY["vit"][2], id2label={0: "cat", 1: "dog", 2: "bird"}),
         "image",
     ),
     "audio_cls": (
         "wav2vec2",
         "AutoModelForAudioClassification",
-        dict(
-            _TEXT,
-            conv_dim=(16, 16),
-            conv_stride=(5, 4),
-            conv_kernel=(10, 8),
-            num_conv_pos_embeddings=16,
-            num_conv_pos_embedding_groups=2,
-            do_stable_layer_norm=True,
-            id2label={0: "yes", 1: "no"},
-            classifier_proj_size=16,
-        ),
+        dict(HF_TINY["wav2vec2"][2], id2label={0: "yes", 1: "no"}, classifier_proj_size=16),
         "audio",
     ),
     "object_det": (
