@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -116,3 +117,28 @@ def test_other_architectures_keep_full_tag_coverage(
     o = optimize_model(src, tmp_path / "o.onnx", level="extended", transformer_fusion=fusion, model_type=name)
     assert q.coverage["coverage_pct"] == 100.0 and o.coverage["coverage_pct"] == 100.0
     assert sum(q.quantized_per_module.values()) > 0
+
+
+@pytest.mark.regression
+def test_fusion_family_comes_from_the_embedded_config_with_a_recorded_fallback(
+    export_cache: Any, tmp_path: Path
+) -> None:
+    """No --model-type: ORT's family named by the embedded config is tried first; when ORT's specialised
+    fusion crashes on the graph (gpt2 on dynamo exports), the generic family runs and the failure is recorded."""
+    from modelexport.optimize.graph import optimize_model
+    from tests.models.hf_models import tiny_hf_model
+
+    stats = {}
+    for name in ("vit", "gpt2"):
+        exported = export_cache.get(
+            f"hf-{name}", lambda n=name: tiny_hf_model(n), exporter="dynamo", verify_topology=True
+        )
+        result = optimize_model(
+            exported.onnx_path, tmp_path / f"{name}.onnx", level="extended", transformer_fusion=True
+        )
+        stats[name] = result.to_dict()["passes"][-1]["stats"]
+        assert result.to_dict()["passes"][-1]["retag"]["coverage_pct"] == 100.0
+    assert stats["vit"]["model_type"] == "vit" and "failed_model_types" not in stats["vit"]
+    assert stats["gpt2"]["model_type"] in ("gpt2", "bert")
+    if stats["gpt2"]["model_type"] == "bert":
+        assert "gpt2" in stats["gpt2"]["failed_model_types"]

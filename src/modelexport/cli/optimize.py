@@ -183,9 +183,9 @@ def optimize_summary(result: Any) -> str:
 )
 @click.option(
     "--model-type",
-    default="bert",
-    show_default=True,
-    help="Model type for --transformer-fusion (bert, gpt2, bart, vit...).",
+    default=None,
+    help="ORT fusion family for --transformer-fusion (bert, gpt2, bart, vit...; default: the embedded "
+    "config's model_type when ORT knows it, else bert).",
 )
 @click.option(
     "--num-heads",

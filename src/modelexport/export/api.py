@@ -294,8 +294,6 @@ def _finish(
     if cfg.with_report:
         from ..report.export_report import render_export_report
 
-        write_text(
-            ctx.staging_dir / "export_report.md", render_export_report(result, ctx.loaded.info())
-        )
+        write_text(ctx.staging_dir / "export_report.md", render_export_report(result, ctx.loaded.info()))
         result.files["report"] = "export_report.md"
     return result

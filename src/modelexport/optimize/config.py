@@ -81,7 +81,7 @@ class OptimizeConfig:
 
     level: str = "extended"
     transformer_fusion: bool = False
-    model_type: str = "bert"
+    model_type: str | None = None  # ORT fusion family; None: from the embedded config
     num_heads: int | None = None
     hidden_size: int | None = None
     fp16: bool = False

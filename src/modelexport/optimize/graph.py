@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import OnnxFileError, OptimizationError
+from ..errors import ConfigError, OnnxFileError, OptimizationError
 from ..runtime.session import create_session
 from .carry import carry_metadata, model_metadata, read_sidecar, write_sidecar
 from .config import OptimizeConfig
@@ -65,19 +65,38 @@ def ort_offline(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[s
     return load_onnx(out), stats
 
 
-def hf_dims(model: Any) -> tuple[int, int]:
-    """(num_heads, hidden_size) from the Hugging Face config embedded in the metadata; (0, 0) when absent."""
+def _hf_config(model: Any) -> dict[str, Any]:
+    """The Hugging Face config embedded in the metadata ({} when absent)."""
     config = model_metadata(model).get("hf_model_config")
     if isinstance(config, str):
         try:
             config = json.loads(config)
         except ValueError:
             config = None
-    if not isinstance(config, dict):
-        return 0, 0
+    return config if isinstance(config, dict) else {}
+
+
+def hf_dims(model: Any) -> tuple[int, int]:
+    """(num_heads, hidden_size) from the Hugging Face config embedded in the metadata; (0, 0) when absent."""
+    config = _hf_config(model)
     heads = config.get("num_attention_heads") or config.get("n_head") or 0
     hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model") or 0
     return int(heads), int(hidden)
+
+
+def fusion_model_types(model: Any, requested: str | None) -> list[str]:
+    """ORT fusion families to try, in order: the one asked for; else the embedded config's ``model_type``
+    when ORT knows it (its own ``optimizer.MODEL_TYPES``), then ORT's generic encoder fusions ("bert")."""
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    if requested:
+        if requested not in MODEL_TYPES:
+            raise ConfigError(
+                f"--model-type must be one of {', '.join(sorted(MODEL_TYPES))}, got {requested!r}"
+            )
+        return [requested]
+    embedded = _hf_config(model).get("model_type")
+    return [embedded, "bert"] if embedded in MODEL_TYPES and embedded != "bert" else ["bert"]
 
 
 @register_pass("transformer_fusion", lambda c: c.transformer_fusion)
@@ -88,11 +107,22 @@ def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any,
     heads, hidden = hf_dims(model)
     heads, hidden = cfg.num_heads or heads, cfg.hidden_size or hidden
     src = save_onnx(model, tmp / "tf_in.onnx")
-    opt = optimizer.optimize_model(
-        str(src), model_type=cfg.model_type, num_heads=heads, hidden_size=hidden, opt_level=0
-    )
-    fused = {k: v for k, v in (opt.get_fused_operator_statistics() or {}).items() if v}
-    return opt.model, {"num_heads": heads, "hidden_size": hidden, "fused": fused}
+    candidates = fusion_model_types(model, cfg.model_type)
+    failed: dict[str, str] = {}
+    for model_type in candidates:
+        try:
+            opt = optimizer.optimize_model(
+                str(src), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0
+            )
+        except Exception as exc:  # noqa: BLE001 - recorded; the next family is tried, the last one re-raised
+            failed[model_type] = f"{type(exc).__name__}: {exc}"[:200]
+            if model_type == candidates[-1]:
+                raise
+            continue
+        fused = {k: v for k, v in (opt.get_fused_operator_statistics() or {}).items() if v}
+        stats = {"model_type": model_type, "num_heads": heads, "hidden_size": hidden, "fused": fused}
+        return opt.model, {**stats, "failed_model_types": failed} if failed else stats
+    raise AssertionError("unreachable: the loop returns or re-raises")  # pragma: no cover
 
 
 @register_pass("fp16", lambda c: c.fp16)
