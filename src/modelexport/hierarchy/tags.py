@@ -20,6 +20,7 @@ __all__ = [
     "read_node_tags",
     "node_key",
     "set_node_tag",
+    "set_props",
 ]
 
 TAG_KEY = "modelexport.hierarchy_tag"
@@ -77,14 +78,17 @@ def read_node_tags(model: Any) -> dict[str, dict[str, str | None]]:
     return out
 
 
-def set_node_tag(node: Any, tag: str, source: str | None = None) -> None:
-    """Set (or replace) a node's tag entries in its ``metadata_props``."""
-    wanted = {TAG_KEY: tag}
-    if source is not None:
-        wanted[TAG_SOURCE_KEY] = source
-    for prop in node.metadata_props:
+def set_props(holder: Any, updates: dict[str, str]) -> None:
+    """Set (or replace) entries of ``holder.metadata_props`` (a NodeProto or a ModelProto), keeping the others."""
+    wanted = dict(updates)
+    for prop in holder.metadata_props:
         if prop.key in wanted:
             prop.value = wanted.pop(prop.key)
     for key, value in wanted.items():
-        entry = node.metadata_props.add()
+        entry = holder.metadata_props.add()
         entry.key, entry.value = key, value
+
+
+def set_node_tag(node: Any, tag: str, source: str | None = None) -> None:
+    """Set (or replace) a node's tag entries in its ``metadata_props``."""
+    set_props(node, {TAG_KEY: tag} if source is None else {TAG_KEY: tag, TAG_SOURCE_KEY: source})

@@ -15,7 +15,7 @@ from typing import Any
 from .._io import write_json
 from .._version import __version__
 from ..hierarchy.tagger import tensor_tags
-from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key
+from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
 
 __all__ = [
     "carry_metadata",
@@ -25,15 +25,6 @@ __all__ = [
     "remap_sidecar",
     "write_sidecar",
 ]
-
-
-def _set_props(model: Any, updates: dict[str, str]) -> None:
-    for prop in model.metadata_props:
-        if prop.key in updates:
-            prop.value = updates.pop(prop.key)
-    for key, value in updates.items():
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, value
 
 
 def carry_metadata(before: Any, after: Any, record_key: str, record: dict[str, Any]) -> list[str]:
@@ -46,12 +37,12 @@ def carry_metadata(before: Any, after: Any, record_key: str, record: dict[str, A
         if not getattr(after, attr, None) and getattr(before, attr, None):
             setattr(after, attr, getattr(before, attr))
     after.ClearField("metadata_props")
-    _set_props(after, dict(carried))
+    set_props(after, carried)
     record = json.loads(json.dumps(record, default=str))  # plain JSON types only
     try:
         from ..metadata import update_metadata
     except ImportError:  # metadata package absent: plain props, no checksum
-        _set_props(after, {record_key: json.dumps(record, sort_keys=True)})
+        set_props(after, {record_key: json.dumps(record, sort_keys=True)})
     else:
         update_metadata(after, {record_key: record}, verify=False)
     return sorted({p.key for p in after.metadata_props})
