@@ -20,6 +20,7 @@ __all__ = [
     "TopologyMismatchError",
     "OutputWriteError",
     "OnnxFileError",
+    "ModelFileNotFoundError",
     "TagError",
     "ModuleNotInGraphError",
     "MetadataError",
@@ -109,6 +110,12 @@ class OnnxFileError(ModelExportError, ValueError):
     """A file is missing, is not ONNX, or is truncated/corrupted."""
 
     hint = "pass a valid .onnx file (re-export it if it was truncated)"
+
+
+class ModelFileNotFoundError(OnnxFileError, FileNotFoundError):
+    """No ONNX file at the given path, or none that a package folder names."""
+
+    hint = "check the path (an export folder holds model.onnx)"
 
 
 class TagError(ModelExportError, ValueError):

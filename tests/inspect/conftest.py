@@ -20,7 +20,7 @@ import onnx
 import pytest
 import torch
 
-from modelexport.hierarchy.extract import extract_module_subgraph
+from modelexport.inspect.extract import extract_module_subgraph
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from modelexport.errors import ModuleNotInGraphError, TagError
-from modelexport.hierarchy.extract import extract_module_subgraph
-from modelexport.inspect.graph import GraphIndex
+from modelexport.hierarchy.graph import GraphIndex
+from modelexport.inspect.extract import extract_module_subgraph
 from tests.inspect.conftest import intermediate_values, prove, run_subgraph, spec_inputs
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from modelexport.hierarchy.extract import extract_module_subgraph
+from modelexport.inspect.extract import extract_module_subgraph
 from tests.inspect.conftest import (
     assert_outputs_match,
     bind_inputs,

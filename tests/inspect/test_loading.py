@@ -49,7 +49,7 @@ def test_folder_and_sidecar_are_found(tiny_bert_export: Any) -> None:
 def test_structure_only_load_equals_full_parse_without_payloads(tiny_bert_export: Any) -> None:
     import onnx
 
-    from modelexport.inspect._wire import load_structure
+    from modelexport.onnxfile import load_structure
 
     full = onnx.load(str(tiny_bert_export.onnx_path))
     for init in full.graph.initializer:
@@ -83,8 +83,8 @@ def test_truncated_file_fails_in_structure_mode_too(bad_files: dict[str, Path]) 
 def test_external_data_models(tiny_bert_export: Any, tmp_path: Path) -> None:
     import onnx
 
-    from modelexport.hierarchy.extract import extract_module_subgraph
     from modelexport.inspect.analyze import analyze
+    from modelexport.inspect.extract import extract_module_subgraph
     from modelexport.inspect.validate import validate
 
     path = tmp_path / "model.onnx"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from modelexport.inference import pipeline
-from modelexport.metadata import validate_optimum_compatibility
+from modelexport.inspect.optimum import validate_optimum_compatibility
 from tests.helpers import assert_nested_close
 
 pytestmark = pytest.mark.integration

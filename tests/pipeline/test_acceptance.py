@@ -9,8 +9,8 @@ import pytest
 
 from modelexport.cli.app import main
 from modelexport.data import load_dataset
-from modelexport.report.pipeline_report import check_report
-from modelexport.train.workflow import run_pipeline
+from modelexport.workflow import run_pipeline
+from modelexport.workflow.report import check_report
 
 
 @pytest.mark.slow

@@ -11,8 +11,8 @@ import pytest
 
 from modelexport.cli.app import main
 from modelexport.data import load_dataset
-from modelexport.report.pipeline_report import REPORT_KEYS, check_report
-from modelexport.train.workflow import PipelineConfig, run_pipeline
+from modelexport.workflow import PipelineConfig, run_pipeline
+from modelexport.workflow.report import REPORT_KEYS, check_report
 
 POLICY_KEY = "modelexport.test_time_policy"
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from modelexport.cli.app import main
-from modelexport.testtime import TestTimeEngine, TestTimePolicy, evaluate
+from modelexport.inference.evaluate import evaluate
+from modelexport.testtime import TestTimeEngine, TestTimePolicy
 
 KEYS = {"accuracy", "latency_ms_p50", "latency_ms_p95", "throughput_per_s", "n"}
 

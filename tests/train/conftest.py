@@ -36,7 +36,7 @@ def trained_digits(digits_splits: tuple[Any, Any, Any]) -> Any:
 @pytest.fixture(scope="session")
 def deployed_digits(trained_digits: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     """The trained digits network exported (BN kept) and deployed on ONNX Runtime."""
-    from modelexport.train.workflow import export_network
+    from modelexport.workflow.steps import export_network
 
     program, _ = trained_digits
     out = tmp_path_factory.mktemp("digits_export")

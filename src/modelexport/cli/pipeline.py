@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ..train.networks import NETWORKS
+from ..workflow import PipelineConfig, run_pipeline
 
 __all__ = ["pipeline_cmd"]
 
@@ -131,7 +132,6 @@ def _opt(name: str, **kwargs: Any) -> Any:
 @_opt("report", default=None, help="Report JSON path [default: pipeline_report.json beside the model].")
 def pipeline_cmd(**options: Any) -> int:
     """Train a classifier with DSPy, export it, quantize it, choose its test-time policy, and report."""
-    from ..train.workflow import PipelineConfig, run_pipeline
 
     _logging(options["log_level"])
     config = PipelineConfig(**options)

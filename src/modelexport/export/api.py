@@ -7,7 +7,6 @@ node ``metadata_props``, so the topology equals the baseline by construction (an
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,12 +17,15 @@ from .._io import atomic_dir, onnx_weight_bytes, write_json, write_text
 from ..errors import ExportError, InputSpecError, TopologyMismatchError
 from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
+from ..metadata.embed import embed_metadata_pass, package_pass
+from ..optimize.export_pass import quantize_package_pass
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
 from .context import ExportContext, StageLog
 from .inputs import build_inputs
 from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for
+from .report import render_export_report
 from .sidecar import SIDECAR_NAME, build_sidecar
 from .topology import compare_topology
 
@@ -34,11 +36,11 @@ MODEL_FILE = "model.onnx"
 
 #: Steps run on the tagged model before it is written, in order: ``fn(ctx: ExportContext) -> None``.
 #: Each decides from ``ctx.config`` whether it applies (metadata embedding, package files, quantization).
-PACKAGE_PASSES: list[str] = [
-    "modelexport.metadata.embed:embed_metadata_pass",
-    "modelexport.metadata.embed:package_pass",
-    "modelexport.optimize.export_pass:quantize_package_pass",
-]
+PACKAGE_PASSES: tuple[Callable[[ExportContext], None], ...] = (
+    embed_metadata_pass,
+    package_pass,
+    quantize_package_pass,
+)
 
 
 @dataclass
@@ -190,9 +192,8 @@ def _write_model(proto: Any, path: Path) -> bytes | Path:
 
 
 def _run_passes(ctx: ExportContext) -> None:
-    for target in PACKAGE_PASSES:
-        module_name, _, attr = target.partition(":")
-        getattr(importlib.import_module(module_name), attr)(ctx)
+    for step in PACKAGE_PASSES:
+        step(ctx)
 
 
 def export(
@@ -292,8 +293,6 @@ def _finish(
         extra=ctx.extra,
     )
     if cfg.with_report:
-        from ..report.export_report import render_export_report
-
         write_text(ctx.staging_dir / "export_report.md", render_export_report(result, ctx.loaded.info()))
         result.files["report"] = "export_report.md"
     return result

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ParityError
+from ..runtime.session import create_session
 
 __all__ = ["ParityReport", "flatten_outputs", "output_names_for", "check_parity"]
 
@@ -68,8 +69,6 @@ def check_parity(
     model: bytes | Any, feeds: dict[str, np.ndarray], reference: list[tuple[str, Any]], atol: float
 ) -> ParityReport:
     """Run ONNX Runtime and compare with the PyTorch ``reference`` outputs; raise ParityError beyond atol."""
-    from ..runtime.session import create_session
-
     session, info = create_session(model, graph_optimization_level="all")
     wanted = {i.name for i in session.get_inputs()}
     outputs = session.run(None, {k: v for k, v in feeds.items() if k in wanted})

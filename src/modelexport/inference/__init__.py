@@ -1,7 +1,8 @@
-"""Inference on exported models: processors shaped by the graph, and auto-detecting task pipelines."""
+"""Inference on exported models: processors, auto-detecting task pipelines, and evaluation on labelled data."""
 
 from __future__ import annotations
 
+from .evaluate import EvaluationResult, evaluate
 from .pipelines import PIPELINES, ONNXPipeline, create_pipeline, pipeline, register_pipeline
 from .processors import (
     ONNXAutoProcessor,
@@ -12,6 +13,8 @@ from .processors import (
 )
 
 __all__ = [
+    "EvaluationResult",
+    "evaluate",
     "PIPELINES",
     "ONNXPipeline",
     "create_pipeline",

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..metadata.schema import KEY_INPUTS, KEY_OUTPUTS
+from ..onnxfile import load_onnx
 from ..runtime.types import ORT_TO_NUMPY as _ORT_TYPES
 
 __all__ = ["GraphInput", "graph_inputs", "graph_outputs", "fixed_dim"]
@@ -55,7 +56,7 @@ def _from_session(items: list[Any]) -> list[GraphInput]:
 def _from_onnx(path: Path, outputs: bool) -> list[GraphInput]:
     import onnx
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = load_onnx(path, weights=False)
     init = {t.name for t in model.graph.initializer}
     items = model.graph.output if outputs else [v for v in model.graph.input if v.name not in init]
     result = []

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from ..hierarchy.graph import ancestors_of
 from .formats import renderer
-from .graph import ancestors_of
 from .loading import TaggedModel, load_tagged_model
 
 __all__ = ["AnalyzeConfig", "ModuleStats", "Analysis", "analyze", "analyze_model"]

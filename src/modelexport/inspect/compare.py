@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import InferenceError
+from ..runtime.session import create_session
 from .formats import renderer
 from .inputs import generate_inputs, load_npz_inputs, run_session
 from .loading import TaggedModel, load_tagged_model
@@ -125,8 +126,6 @@ def numeric_diff(
 ) -> dict[str, dict[str, float]]:
     """Run both models on the same inputs; per output of A: max abs and max relative difference to B."""
     import numpy as np
-
-    from ..runtime.session import create_session
 
     # failures come back as exceptions (one-line InferenceError): keep ORT's own error log quiet
     sess_a, _ = create_session(a.proto, providers=providers, log_severity_level=4)

@@ -1,23 +1,23 @@
-"""Open an ONNX file for inspection, with one clear error for each way a file can be unusable.
+"""A model opened for inspection: the ONNX graph, where it came from, and its sidecar when there is one.
 
-Missing, not ONNX, truncated and empty files all raise :class:`OnnxFileError` naming the file and
-the problem. The hierarchy sidecar (``<stem>_hierarchy.json`` beside the model, as ``export`` writes
-it) is optional: every command also works from the node tags alone.
+Resolving the path, parsing with typed errors and reading the sidecar are the shared implementations
+in :mod:`modelexport.onnxfile`; this module only bundles their results with the graph index.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..errors import MetadataError, OnnxFileError
-from .graph import GraphIndex
+import onnx
 
-__all__ = ["TaggedModel", "load_tagged_model", "load_sidecar", "sidecar_path_for"]
+from ..hierarchy.graph import GraphIndex
+from ..onnxfile import load_onnx, load_sidecar, resolve_model_path, sidecar_path_for
+
+__all__ = ["TaggedModel", "load_tagged_model"]
 
 PathLike = str | os.PathLike[str]
 
@@ -26,7 +26,7 @@ PathLike = str | os.PathLike[str]
 class TaggedModel:
     """A loaded model, where it came from, and its sidecar when there is one."""
 
-    proto: Any
+    proto: onnx.ModelProto
     path: Path | None = None
     sidecar: dict[str, Any] | None = None
     sidecar_path: Path | None = None
@@ -46,84 +46,21 @@ class TaggedModel:
         return next((o.version for o in self.proto.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def sidecar_path_for(model_path: Path) -> Path:
-    """``dir/model.onnx`` -> ``dir/model_hierarchy.json``."""
-    return model_path.with_name(f"{model_path.stem}_hierarchy.json")
-
-
-def load_sidecar(path: PathLike) -> dict[str, Any]:
-    """Read a ``model_hierarchy.json``; MetadataError when it is not one."""
-    path = Path(path)
-    if not path.is_file():
-        raise OnnxFileError(
-            f"hierarchy file not found: {path}", hint="pass the model_hierarchy.json written by export"
-        )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MetadataError(
-            f"{path} is not valid JSON: {exc}", hint="re-export, or drop the broken sidecar"
-        ) from exc
-    if not isinstance(data, dict) or "nodes" not in data or "tags" not in data:
-        raise MetadataError(f"{path} is not a modelexport hierarchy file (no 'nodes'/'tags')")
-    return data
-
-
-def _resolve_path(path: PathLike) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        candidates = sorted(path.glob("*.onnx"))
-        if (path / "model.onnx").is_file():
-            return path / "model.onnx"
-        if len(candidates) == 1:
-            return candidates[0]
-        raise OnnxFileError(f"{path} is a folder with {len(candidates)} .onnx files; name the file to use")
-    if not path.exists():
-        raise OnnxFileError(
-            f"ONNX model not found: {path}", hint="check the path (an export folder holds model.onnx)"
-        )
-    if path.stat().st_size == 0:
-        raise OnnxFileError(f"{path} is empty (0 bytes)")
-    return path
-
-
-def _parse(path: Path, weights: bool) -> Any:
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    from ._wire import load_structure
-
-    proto = None
-    if not weights:
-        try:
-            proto = load_structure(path)
-        except (ValueError, IndexError, DecodeError, OSError):  # let protobuf name the problem below
-            proto = None
-    try:
-        proto = proto if proto is not None else onnx.load(str(path), load_external_data=weights)
-    except DecodeError as exc:
-        raise OnnxFileError(f"{path} is not an ONNX model or is truncated/corrupted ({exc})") from exc
-    except (FileNotFoundError, OSError, onnx.checker.ValidationError) as exc:
-        raise OnnxFileError(
-            f"cannot read {path} or its external data: {exc}",
-            hint="keep the model's external data file(s) beside it, under the names recorded in the model",
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - onnx raises assorted types for damaged files
-        raise OnnxFileError(f"{path} cannot be parsed as ONNX: {type(exc).__name__}: {exc}") from exc
-    problems = []
-    if not proto.ir_version:
-        problems.append("no IR version")
-    if not proto.HasField("graph") or not proto.graph.output:
-        problems.append("no graph outputs")
-    if not proto.opset_import:
-        problems.append("no opset imports")
-    if problems:
-        raise OnnxFileError(f"{path} is not a valid ONNX model or is truncated ({', '.join(problems)})")
-    return proto
+def _sidecar(
+    path: Path, hierarchy: PathLike | dict[str, Any] | bool | None
+) -> tuple[dict[str, Any] | None, Path | None]:
+    if hierarchy is False:
+        return None, None
+    if isinstance(hierarchy, dict):
+        return hierarchy, None
+    side = Path(hierarchy) if hierarchy else sidecar_path_for(path)
+    if hierarchy is None and not side.is_file():
+        return None, None
+    return load_sidecar(side), side
 
 
 def load_tagged_model(
-    model: PathLike | Any,
+    model: PathLike | onnx.ModelProto,
     *,
     hierarchy: PathLike | dict[str, Any] | bool | None = None,
     weights: bool = True,
@@ -131,21 +68,14 @@ def load_tagged_model(
     """Load a model (path, export folder or ``ModelProto``) and its sidecar.
 
     ``hierarchy``: a sidecar dict or path; ``None`` looks beside the model; ``False`` ignores it.
-    ``weights=False`` reads the structure only (no tensor values, external data not loaded): the
-    fast path for statistics on large models.
+    ``weights=False`` reads the structure only (the fast path for statistics on large models).
     """
-    if hasattr(model, "graph"):
+    if isinstance(model, onnx.ModelProto):
         sidecar = hierarchy if isinstance(hierarchy, dict) else None
         if isinstance(hierarchy, (str, os.PathLike)):
             sidecar = load_sidecar(hierarchy)
         return TaggedModel(model, None, sidecar, None)
-    path = _resolve_path(model)
-    proto = _parse(path, weights)
-    if hierarchy is False:
-        return TaggedModel(proto, path, has_weights=weights)
-    if isinstance(hierarchy, dict):
-        return TaggedModel(proto, path, hierarchy, has_weights=weights)
-    side = Path(hierarchy) if hierarchy else sidecar_path_for(path)
-    if hierarchy is None and not side.is_file():
-        return TaggedModel(proto, path, has_weights=weights)
-    return TaggedModel(proto, path, load_sidecar(side), side, has_weights=weights)
+    path = resolve_model_path(model)
+    proto = load_onnx(path, weights=weights)
+    sidecar, side = _sidecar(path, hierarchy)
+    return TaggedModel(proto, path, sidecar, side, has_weights=weights)

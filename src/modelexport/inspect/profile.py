@@ -18,8 +18,11 @@ from typing import Any
 
 from .._config import split_names
 from ..errors import ConfigError
+from ..hierarchy.graph import ancestors_of
+from ..hierarchy.tags import common_ancestor
+from ..onnxfile import load_onnx
+from ..runtime.session import GRAPH_LEVELS, create_session
 from .formats import renderer
-from .graph import ancestors_of
 from .inputs import generate_inputs, load_npz_inputs, run_session
 from .loading import load_tagged_model
 
@@ -48,7 +51,6 @@ class ProfileConfig:
     inputs: str | None = None
 
     def __post_init__(self) -> None:
-        from ..runtime.session import GRAPH_LEVELS
 
         if self.runs < 1 or self.warmup < 0 or self.top_k < 1:
             raise ConfigError(
@@ -162,7 +164,6 @@ def ort_node_tags(optimized: Any, index: Any) -> dict[str, tuple[str, str]]:
     LayerNorm's output), so that tensor's producer names the module; failing that, the common
     ancestor of the modules that produced its inputs.
     """
-    from ..hierarchy.tags import common_ancestor
 
     known = set(index.keys)
     out: dict[str, tuple[str, str]] = {}
@@ -180,8 +181,6 @@ def ort_node_tags(optimized: Any, index: Any) -> dict[str, tuple[str, str]]:
 
 def _run_profiled(tm: Any, cfg: ProfileConfig, tmp: Path) -> tuple[list[dict[str, Any]], str, Any]:
     """Run with profiling; returns (events, provider, ORT's optimized graph or None)."""
-    from ..runtime.session import create_session
-    from ._wire import load_structure
 
     optimized_path = tmp / "optimized.onnx"
     sess, info = create_session(
@@ -200,7 +199,7 @@ def _run_profiled(tm: Any, cfg: ProfileConfig, tmp: Path) -> tuple[list[dict[str
         run_session(sess, feed)
     events = json.loads(Path(sess.end_profiling()).read_text(encoding="utf-8"))
     try:
-        optimized = load_structure(optimized_path) if optimized_path.is_file() else None
+        optimized = load_onnx(optimized_path, weights=False) if optimized_path.is_file() else None
     except (OSError, ValueError, IndexError):  # attribution then falls back to node names only
         optimized = None
     return events, info.provider, optimized

@@ -16,10 +16,10 @@ from typing import Any
 
 from .._io import atomic_path, write_json
 from ..errors import ConfigError, TagError
+from ..hierarchy.graph import ancestors_of
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_PATTERN, set_node_tag
 from .formats import renderer
-from .graph import ancestors_of
 from .loading import TaggedModel, load_tagged_model
 
 __all__ = ["Finding", "ValidationReport", "RepairResult", "CHECKS", "validate", "validate_model", "repair"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .schema import METADATA_VERSION
-from .store import clear_cache, read_metadata, resolve_model_file, update_metadata, write_metadata
+from .store import clear_cache, read_metadata, update_metadata, write_metadata
 from .tasks import TASKS, TaskSpec, detect_task, normalize_task, register_task
 
 __all__ = [
@@ -11,21 +11,10 @@ __all__ = [
     "read_metadata",
     "update_metadata",
     "write_metadata",
-    "resolve_model_file",
     "clear_cache",
     "TASKS",
     "TaskSpec",
     "detect_task",
     "normalize_task",
     "register_task",
-    "validate_optimum_compatibility",
-    "OptimumCompatibility",
 ]
-
-
-def __getattr__(name: str):  # Optimum checks import transformers lazily
-    if name in ("validate_optimum_compatibility", "OptimumCompatibility"):
-        from . import optimum
-
-        return getattr(optimum, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,38 +5,17 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 from .._io import atomic_path
-from ..errors import OnnxFileError
+from ..onnxfile import resolve_model_path
 from ._proto import read_props, rewrite_props
 from .schema import KEY_VERSION, METADATA_VERSION, decode_entries, encode_entries
 
-__all__ = ["read_metadata", "update_metadata", "write_metadata", "resolve_model_file", "clear_cache"]
+__all__ = ["read_metadata", "update_metadata", "write_metadata", "clear_cache"]
 
 _CACHE: dict[str, tuple[int, int, dict[str, Any]]] = {}
 _LOCK = threading.Lock()
-
-
-def resolve_model_file(model: str | os.PathLike[str]) -> Path:
-    """``model.onnx`` itself, or the ``model.onnx`` inside an output folder."""
-    path = Path(model)
-    if path.is_dir():
-        candidates = sorted(path.glob("*.onnx"))
-        preferred = path / "model.onnx"
-        if preferred.is_file():
-            return preferred
-        if len(candidates) == 1:
-            return candidates[0]
-        raise OnnxFileError(
-            f"{path} holds {len(candidates)} .onnx files and no model.onnx; pass the file itself"
-            if candidates
-            else f"no .onnx file in {path}"
-        )
-    if not path.is_file():
-        raise OnnxFileError(f"ONNX model not found: {path}")
-    return path
 
 
 def _stored_of_proto(model: Any) -> dict[str, str]:
@@ -56,7 +35,7 @@ def read_metadata(model: str | os.PathLike[str] | Any) -> dict[str, Any]:
     if hasattr(model, "metadata_props"):
         values, foreign = decode_entries(_stored_of_proto(model))
         return _combined(values, foreign)
-    path = resolve_model_file(model)
+    path = resolve_model_path(model)
     stat = path.stat()
     key = str(path.resolve())
     with _LOCK:
@@ -105,7 +84,7 @@ def write_metadata(
     path: str | os.PathLike[str], updates: dict[str, Any], *, verify: bool = True
 ) -> dict[str, Any]:
     """Apply ``updates`` to an ONNX file atomically, without loading its weights; returns the new metadata."""
-    file = resolve_model_file(path)
+    file = resolve_model_path(path)
     entries = _merged(dict(read_props(file)), updates, verify)
     with atomic_path(file) as tmp:
         rewrite_props(file, tmp, entries)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .._config import split_names
 from ..errors import ConfigError, OnnxFileError, ProviderError
+from ..onnxfile import resolve_model_path
 
 __all__ = ["SessionConfig", "SessionInfo", "available_providers", "create_session", "resolve_providers"]
 
@@ -175,12 +175,7 @@ def create_session(
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()
     elif not isinstance(model, bytes):
-        path = Path(model)
-        if path.is_dir() and (path / "model.onnx").is_file():  # an exported folder
-            path = path / "model.onnx"
-        if not path.is_file():
-            raise OnnxFileError(f"ONNX model not found: {path}")
-        model = str(path)
+        model = str(resolve_model_path(model))
     order, skipped = resolve_providers(list(cfg.providers))
     if skipped:
         log.warning(

@@ -19,7 +19,9 @@ Stable public API (other parts of modelexport and users build on these names)::
   (``register_aggregator``), ``ADAPTATION_METHODS``, ``CORRUPTIONS``.
 - Building blocks: ``BNAdapter`` (BN statistics in ONNX Runtime), ``tent_adapt`` / ``OnnxTorchModule`` (Tent),
   ``enable_mc_dropout`` / ``mc_summary``, ``iterate`` / ``build_loop_model`` (external loop and ONNX Loop),
-  ``Ensemble``, ``evaluate`` (what ``modelexport evaluate`` runs), ``corrupt`` (robustness data).
+  ``Ensemble``, ``corrupt`` (robustness data). Measuring a policy on a labelled dataset
+  (``modelexport evaluate``) is :func:`modelexport.inference.evaluate.evaluate`, a layer up: it needs the data
+  readers and the model's processor.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from .augment import MODALITIES, TRANSFORMS, Transform, make_views, register_tra
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from .engine import Stream, TestTimeEngine, TestTimeResult
 from .ensemble import Ensemble
-from .evaluate import EvaluationResult, evaluate
 from .iterative import IterationResult, build_loop_model, iterate
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .policy import ADAPTATION_METHODS, POLICY_PRESETS, TestTimePolicy, policy_preset
@@ -44,7 +45,6 @@ __all__ = [
     "BNState",
     "CORRUPTIONS",
     "Ensemble",
-    "EvaluationResult",
     "IterationResult",
     "MCDropoutResult",
     "MODALITIES",
@@ -63,7 +63,6 @@ __all__ = [
     "corrupt",
     "enable_mc_dropout",
     "entropy",
-    "evaluate",
     "find_bn_layers",
     "iterate",
     "make_views",

@@ -68,7 +68,12 @@ class TestTimeEngine:
         input_name: str | None = None,
         output_name: str | None = None,
         session_config: SessionConfig | None = None,
+        session: Any = None,
+        session_info: Any = None,
     ) -> None:
+        """``session``: an existing session of the unmodified model (a pipeline's), reused when the policy
+        needs no rewritten graph; otherwise one session of the rewritten graph is built with
+        ``session_config`` (the caller's providers, threads and optimization level are kept)."""
         self.policy = policy or TestTimePolicy()
         self.torch_model = torch_model
         source = load_model(model)
@@ -77,6 +82,8 @@ class TestTimeEngine:
         if self.policy.ttt != "none":
             self.adapter = BNAdapter(working, providers, session_config)
             self.session, self.session_info = self.adapter.session, self.adapter.session_info
+        elif session is not None and working is source:
+            self.session, self.session_info = session, session_info
         else:
             self.session, self.session_info = create_session(
                 working, session_config, **({"providers": tuple(providers)} if providers else {})

@@ -6,17 +6,15 @@ Loading accepts an exported folder (``model.onnx`` inside), a ``.onnx`` path, by
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..errors import OnnxFileError
+from ..onnxfile import load_onnx
 
 __all__ = [
     "load_model",
-    "model_path",
     "expose_initializers",
     "add_outputs",
     "write_initializers",
@@ -25,29 +23,15 @@ __all__ = [
 ]
 
 
-def model_path(model: str | os.PathLike[str]) -> Path:
-    """The ``.onnx`` file of an exported folder or a file path."""
-    path = Path(model)
-    if path.is_dir():
-        path = path / "model.onnx"
-    if not path.is_file():
-        raise OnnxFileError(f"ONNX model not found: {path}")
-    return path
-
-
 def load_model(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.ModelProto:
-    """A private copy of the model (callers may rewrite it freely)."""
+    """A private copy of the model (callers may rewrite it freely); paths load through :func:`load_onnx`."""
     if isinstance(model, onnx.ModelProto):
         out = onnx.ModelProto()
         out.CopyFrom(model)
         return out
     if isinstance(model, bytes):
         return onnx.load_from_string(model)
-    path = model_path(model)
-    try:
-        return onnx.load(str(path))
-    except Exception as exc:  # noqa: BLE001 - any parse failure means the file is not usable ONNX
-        raise OnnxFileError(f"{path} is not a readable ONNX model: {exc}") from exc
+    return load_onnx(model)
 
 
 def initializer_arrays(model: onnx.ModelProto, names: list[str] | None = None) -> dict[str, np.ndarray]:

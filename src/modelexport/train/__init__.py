@@ -1,10 +1,11 @@
 """Train a classifier with DSPy, deploy it as ONNX, and choose its test-time policy.
 
+The end-to-end pipeline that composes these lives in :mod:`modelexport.workflow`.
+
 - :class:`ClassifierProgram`: the classifier as a ``dspy.Module`` (torch for training, ONNX Runtime deployed).
 - :class:`TorchWeightOptimizer`: a DSPy teleprompter that trains torch weights (no LM involved).
 - :class:`TestTimePolicyOptimizer`: a teleprompter that picks TTA / BN adaptation within a latency budget.
 - :class:`ONNXInferenceTool`: the deployed model as a ``dspy.Tool``.
-- :func:`run_pipeline`: data -> train -> export -> quantize -> test-time policy -> report.
 
 Import the submodules for the names; this package imports dspy and torch only when they are used.
 """
@@ -26,9 +27,6 @@ _LAZY = {
     "TestTimePolicyOptimizer": "policy_search",
     "PolicySearchSpace": "policy_search",
     "ONNXInferenceTool": "tools",
-    "PipelineConfig": "workflow",
-    "PipelineResult": "workflow",
-    "run_pipeline": "workflow",
 }
 
 __all__ = sorted(_LAZY)

@@ -17,6 +17,8 @@ import numpy as np
 
 from ..data import Dataset
 from ..errors import ConfigError, ModelNotFoundError, TrainingError
+from ..export.config import InputSpec
+from .cnn import CompactCNN
 
 __all__ = [
     "NETWORKS",
@@ -216,8 +218,6 @@ class ImageClassifier(Network):
 
     def __post_init__(self) -> None:
         if self.module is None:
-            from .cnn import CompactCNN
-
             self.module = CompactCNN(self.channels, len(self.id2label), self.image_size)
 
     def encode(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
@@ -247,8 +247,6 @@ class ImageClassifier(Network):
         }
 
     def export_source(self, workdir: Path) -> tuple[Any, dict[str, Any]]:
-        from ..export.config import InputSpec
-
         h, w = self.image_size
         spec = InputSpec("pixel_values", (2, self.channels, h, w), "float32", {0: "batch_size"})
         return self.module, {

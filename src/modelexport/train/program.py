@@ -17,6 +17,8 @@ import numpy as np
 
 from ..data import Dataset
 from ..errors import InferenceError
+from ..testtime.engine import TestTimeEngine
+from ..testtime.policy import TestTimePolicy
 from .networks import Network
 
 __all__ = [
@@ -75,9 +77,6 @@ class OnnxBackend:
         providers: Sequence[str] | None = None,
         policy: Any = None,
     ) -> None:
-        from ..testtime.engine import TestTimeEngine
-        from ..testtime.policy import TestTimePolicy
-
         self.network = network
         self.model_path = Path(model_path)
         self.policy = policy or TestTimePolicy()

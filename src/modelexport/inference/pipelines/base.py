@@ -16,6 +16,9 @@ import numpy as np
 
 from ...errors import ConfigError, InferenceError
 from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_POLICY
+from ...runtime.session import SessionConfig
+from ...testtime.engine import TestTimeEngine
+from ...testtime.policy import TestTimePolicy
 from ..processors import BaseONNXProcessor
 
 __all__ = ["ONNXPipeline", "PIPELINES", "register_pipeline", "softmax", "sigmoid"]
@@ -62,8 +65,8 @@ class ONNXPipeline:
         session_info: Any = None,
         model_path: Path | None = None,
         batch_size: int = 1,
-        test_time_policy: Any = None,
-        providers: tuple[str, ...] = (),
+        test_time_policy: TestTimePolicy | dict[str, Any] | bool | None = None,
+        session_config: SessionConfig | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -76,9 +79,9 @@ class ONNXPipeline:
         self.model_config: dict[str, Any] = dict(metadata.get(KEY_MODEL_CONFIG) or processor.config or {})
         self._labels: dict[int, str] | None = None
         self.output_names = [o.name for o in session.get_outputs()]
-        self.providers = providers
+        self.session_config = session_config or SessionConfig()
         self.policy = self._policy(test_time_policy)
-        self._engine: Any = None
+        self._engine: TestTimeEngine | None = None
 
     # ---------------------------------------------------------------------------------------------- labels
     @property
@@ -91,22 +94,28 @@ class ONNXPipeline:
         return self.id2label.get(int(index), f"LABEL_{int(index)}")
 
     # ------------------------------------------------------------------------------------------ test time
-    def _policy(self, given: Any) -> Any:
+    def _policy(self, given: TestTimePolicy | dict[str, Any] | bool | None) -> TestTimePolicy | None:
         """The test-time policy: the argument, else the one embedded in the metadata (False disables it)."""
         raw = self.metadata.get(KEY_TEST_TIME_POLICY) if given is None else given
         if raw is None or raw is False:
             return None
-        from ...testtime.policy import TestTimePolicy
-
         policy = raw if isinstance(raw, TestTimePolicy) else TestTimePolicy.from_dict(dict(raw))
         return None if policy.is_plain else policy
 
-    def test_time_engine(self) -> Any:
-        """The test-time engine applying the policy (built once, on first use)."""
-        if self._engine is None:
-            from ...testtime.engine import TestTimeEngine
+    def test_time_engine(self) -> TestTimeEngine:
+        """The test-time engine applying the policy (built once, on first use).
 
-            self._engine = TestTimeEngine(self.model_path, self.policy, self.providers)
+        It shares this pipeline's session when the policy runs the model as it is (TTA), and otherwise
+        builds its one session of the rewritten graph with this pipeline's :class:`SessionConfig`.
+        """
+        if self._engine is None:
+            self._engine = TestTimeEngine(
+                self.model_path,
+                self.policy,
+                session_config=self.session_config,
+                session=self.session,
+                session_info=self.session_info,
+            )
         return self._engine
 
     # -------------------------------------------------------------------------------------------- running

@@ -7,8 +7,9 @@ from typing import Any
 
 from ...errors import ConfigError, TaskDetectionError
 from ...metadata.schema import KEY_TASK
-from ...metadata.store import read_metadata, resolve_model_file
+from ...metadata.store import read_metadata
 from ...metadata.tasks import normalize_task
+from ...onnxfile import resolve_model_path
 from ...runtime.session import SessionConfig, create_session
 from ..processors import ONNXAutoProcessor
 from .base import PIPELINES, ONNXPipeline
@@ -67,7 +68,7 @@ def pipeline(
         raise ConfigError(f"unknown pipeline() arguments {sorted(kwargs)}")
     if data_processor is None and given:
         data_processor = next(iter(given.values()))
-    file = resolve_model_file(model)
+    file = resolve_model_path(model)
     metadata = read_metadata(file)
     name = resolve_task(task, metadata, model)
     cfg = _session_config(providers, session_config)
@@ -86,7 +87,7 @@ def pipeline(
         model_path=file,
         batch_size=batch_size,
         test_time_policy=test_time_policy,
-        providers=cfg.providers,
+        session_config=cfg,
     )
 
 
@@ -96,6 +97,6 @@ def create_pipeline(
     """Like :func:`pipeline`, routing ``data_processor`` to the argument the task's pipeline expects."""
     if data_processor is None:
         return pipeline(task, model, **kwargs)
-    file = resolve_model_file(model)
+    file = resolve_model_path(model)
     name = resolve_task(task, read_metadata(file), model)
     return pipeline(name, file, **{PIPELINES[name].processor_arg: data_processor}, **kwargs)

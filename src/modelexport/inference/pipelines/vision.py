@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import MetadataError
+from ..processors import to_array
 from .base import ClassificationMixin, ONNXPipeline, register_pipeline
 
 __all__ = ["ImageClassificationPipeline", "AudioClassificationPipeline", "ObjectDetectionPipeline"]
@@ -63,8 +65,6 @@ class ObjectDetectionPipeline(ONNXPipeline):
     def _decoder(self) -> Any:
         import transformers
 
-        from ...errors import MetadataError
-
         name = self.processor.config.get("image_processor_type")
         cls = getattr(transformers, str(name), None) if name else None
         if cls is None or not hasattr(cls, "post_process_object_detection"):
@@ -78,8 +78,6 @@ class ObjectDetectionPipeline(ONNXPipeline):
     def run_batch(self, items: list[Any], threshold: float = 0.5, **kwargs: Any) -> list[Any]:
         import torch
         from transformers.utils import ModelOutput
-
-        from ..processors import to_array
 
         sizes = [to_array(item).shape[:2] for item in items]
         outputs = self.forward(self.processor(images=items))

@@ -18,7 +18,8 @@ import numpy as np
 
 from ...errors import InferenceError, MetadataError
 from ...metadata.schema import KEY_MODEL_CONFIG, KEY_PROCESSOR_CONFIG
-from ...metadata.store import read_metadata, resolve_model_file
+from ...metadata.store import read_metadata
+from ...onnxfile import resolve_model_path
 from ..graph import GraphInput, graph_inputs
 from .audio import ONNXFeatureExtractor
 from .base import BaseONNXProcessor
@@ -151,7 +152,7 @@ class ONNXAutoProcessor:
         tokenizer: Any = None,
     ) -> ProcessorSources:
         """Graph inputs (from a session, the metadata or the file), embedded configs and the folder's files."""
-        file = resolve_model_file(model)
+        file = resolve_model_path(model)
         meta = read_metadata(file) if metadata is None else metadata
         return ProcessorSources(
             folder=file.parent,

@@ -1,4 +1,10 @@
-"""The pipeline's stages, in order, each a short method with a stage message; state lives on the run."""
+"""``run_pipeline``: data -> DSPy training of torch weights -> export -> quantize -> test-time policy -> report.
+
+Every option is validated in :class:`PipelineConfig` before any work starts. The stages run in order,
+each a short method with a stage message; the output package is staged and moved into place only when
+every stage succeeded, so a failure leaves nothing half-written. The package records which model it
+deploys, so every command given the folder runs that file.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +14,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich.console import Console
+from tqdm.auto import tqdm
 
 from .._io import write_json
 from ..data import Dataset
-from ..report.pipeline_report import check_report, config_table, report_table
-from .networks import Network, build_network
-from .program import ClassifierProgram, to_examples
-from .weights import TorchWeightOptimizer, TrainingSummary
-from .workflow import (
-    PipelineConfig,
-    PipelineResult,
+from ..metadata import write_metadata
+from ..metadata.schema import KEY_TEST_TIME_POLICY
+from ..onnxfile import record_deployed_model
+from ..optimize.calibration import SampleSet
+from ..optimize.quantization import quantize
+from ..runtime.session import available_providers, resolve_providers
+from ..testtime.policy import TestTimePolicy
+from ..train.networks import Network, build_network
+from ..train.policy_search import DEFAULT_TTA_SETS, TestTimePolicyOptimizer, describe_policy, measure_policy
+from ..train.program import ClassifierProgram, to_examples
+from ..train.weights import TorchWeightOptimizer, TrainingSummary
+from .config import PipelineConfig, PipelineResult
+from .report import check_report, config_table, report_table
+from .steps import (
     export_network,
     latency_stats,
     load_pipeline_data,
@@ -26,19 +41,17 @@ from .workflow import (
     staged_package,
 )
 
-__all__ = ["PipelineRun"]
+__all__ = ["PipelineRun", "run_pipeline"]
 
 log = logging.getLogger(__name__)
-POLICY_KEY = "modelexport.test_time_policy"
+POLICY_KEY = KEY_TEST_TIME_POLICY
 STAGES = ("data", "train", "export", "quantize", "test-time policy", "inference", "report")
 
 
 class PipelineRun:
     """One run of the pipeline for a validated :class:`PipelineConfig`."""
 
-    def __init__(self, config: PipelineConfig, console: Any = None) -> None:
-        from rich.console import Console
-
+    def __init__(self, config: PipelineConfig, console: Console | None = None) -> None:
         self.cfg = config
         self.console = console or Console(stderr=False, highlight=False)
         self.details: dict[str, Any] = {}
@@ -69,6 +82,7 @@ class PipelineRun:
             report = self._report(program, export_result, fp32, quant, test_time, inference)
             if self._report_inside():
                 write_json(staging / cfg.report_file.name, report)
+            record_deployed_model(staging, (cfg.quantized_file or cfg.model_file).name)
         if not self._report_inside():
             write_json(cfg.report_file, report)
         final = cfg.quantized_file or cfg.model_file
@@ -93,8 +107,6 @@ class PipelineRun:
         return self.cfg.report_file.resolve().parent == self.cfg.package_dir.resolve()
 
     def _summary_rows(self, full: Dataset, train: Dataset, val: Dataset) -> dict[str, Any]:
-        from ..runtime.session import available_providers, resolve_providers
-
         cfg = self.cfg
         order, skipped = resolve_providers(list(cfg.ep))
         rows: dict[str, Any] = {
@@ -177,8 +189,6 @@ class PipelineRun:
                 "size_bytes_quantized": None,
                 "val_accuracy_quantized": None,
             }
-        from ..optimize.quantization import quantize
-
         out = staging / cfg.quantized_file.name  # type: ignore[union-attr]
         samples = self._calibration(program, train) if cfg.quantize == "static" else None
         self.say(
@@ -201,18 +211,12 @@ class PipelineRun:
         }
 
     def _calibration(self, program: ClassifierProgram, train: Dataset, limit: int = 100) -> Any:
-        from ..optimize.calibration import SampleSet
-
         rng = np.random.default_rng(self.cfg.seed)
         idx = rng.permutation(len(train))[:limit]
         inputs = train.inputs
         return SampleSet([program.network.encode([inputs[i]]) for i in idx], None, "training examples")
 
     def _policy(self, program: ClassifierProgram, deployed: Path, fp32: Path, val: Dataset) -> dict[str, Any]:
-        from ..metadata import write_metadata
-        from ..testtime.policy import TestTimePolicy
-        from .policy_search import TestTimePolicyOptimizer, describe_policy
-
         cfg = self.cfg
         examples = to_examples(val)
         program.deploy(deployed, cfg.ep)
@@ -249,9 +253,6 @@ class PipelineRun:
         }
 
     def _fixed_policy(self, program: ClassifierProgram) -> Any:
-        from ..testtime.policy import TestTimePolicy
-        from .policy_search import DEFAULT_TTA_SETS
-
         cfg = self.cfg
         modality = program.backend.engine.modality  # type: ignore[union-attr]
         transforms = cfg.tta_transforms or (DEFAULT_TTA_SETS[modality][0] if cfg.tta else ())
@@ -264,14 +265,10 @@ class PipelineRun:
         )
 
     def _measure_policy(self, program: ClassifierProgram, policy: Any, examples: list[Any]) -> Any:
-        from .policy_search import measure_policy
-
         program.deploy(program.backend.model_path, self.cfg.ep, policy)  # type: ignore[union-attr]
         return measure_policy(program, policy, examples)
 
     def _inference(self, program: ClassifierProgram, val: Dataset) -> dict[str, Any]:
-        from tqdm.auto import tqdm
-
         cfg, size = self.cfg, program.batch_size
         inputs = val.inputs
         batches = [inputs[i : i + size] for i in range(0, len(inputs), size)]
@@ -329,3 +326,15 @@ class PipelineRun:
                 "test_time": test_time,
             }
         )
+
+
+def run_pipeline(
+    config: PipelineConfig | None = None,
+    *,
+    dataset: Dataset | None = None,
+    console: Console | None = None,
+    **options: Any,
+) -> PipelineResult:
+    """Run every stage; ``options`` are :class:`PipelineConfig` fields, ``dataset`` overrides ``dataset_path``."""
+    cfg = config if config is not None else PipelineConfig(**options)
+    return PipelineRun(cfg, console).run(dataset)

@@ -1,30 +1,22 @@
-"""``run_pipeline``: data -> DSPy training of torch weights -> export -> quantize -> test-time policy -> report.
-
-Every option is validated in :class:`PipelineConfig` before any work starts; the output package is
-staged and moved into place only when every stage succeeded, so a failure leaves nothing half-written.
-"""
+"""The pipeline's options, validated before any work starts, and what a run returns."""
 
 from __future__ import annotations
 
-import logging
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .._config import split_names
-from .._io import atomic_dir
-from ..data import BUILTINS, Dataset, load_dataset
+from ..data import BUILTINS, Dataset
 from ..errors import ConfigError
-from .networks import NETWORKS, NetworkOptions, default_base_model
+from ..optimize.quantization import QUANT_MODES
+from ..runtime.session import resolve_providers
+from ..train.networks import NETWORKS, default_base_model
+from ..train.policy_search import PolicySearchSpace
+from ..train.weights import TrainConfig
 
-__all__ = ["PipelineConfig", "PipelineResult", "run_pipeline", "LOG_LEVELS"]
+__all__ = ["PipelineConfig", "PipelineResult", "LOG_LEVELS", "REPORT_NAME"]
 
-log = logging.getLogger(__name__)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 REPORT_NAME = "pipeline_report.json"
 
@@ -77,8 +69,6 @@ class PipelineConfig:
         self._check_paths()
 
     def _check_ranges(self) -> None:
-        from .weights import TrainConfig
-
         TrainConfig(
             epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate, seed=self.seed
         )
@@ -94,9 +84,6 @@ class PipelineConfig:
                 raise ConfigError(f"{name} must be {valid}, got {getattr(self, name)!r}")
 
     def _check_choices(self, has_batchnorm: bool) -> None:
-        from ..optimize.quantization import QUANT_MODES
-        from ..runtime.session import resolve_providers
-
         modes = ("none", *QUANT_MODES)
         if self.quantize not in modes:
             raise ConfigError(f"quantize must be one of {', '.join(modes)}, got {self.quantize!r}")
@@ -161,9 +148,7 @@ class PipelineConfig:
     def report_file(self) -> Path:
         return Path(self.report) if self.report else self.package_dir / REPORT_NAME
 
-    def search_space(self) -> Any:
-        from .policy_search import PolicySearchSpace
-
+    def search_space(self) -> PolicySearchSpace:
         return PolicySearchSpace(
             tta=bool(self.tta),
             tta_transforms=self.tta_transforms,
@@ -174,9 +159,7 @@ class PipelineConfig:
             seed=self.seed,
         )
 
-    def train_config(self) -> Any:
-        from .weights import TrainConfig
-
+    def train_config(self) -> TrainConfig:
         return TrainConfig(
             epochs=self.epochs,
             batch_size=self.batch_size,
@@ -211,71 +194,3 @@ class PipelineResult:
     @property
     def deployed_path(self) -> Path:
         return self.quantized_path or self.model_path
-
-
-def run_pipeline(
-    config: PipelineConfig | None = None,
-    *,
-    dataset: Dataset | None = None,
-    console: Any = None,
-    **options: Any,
-) -> PipelineResult:
-    """Run every stage; ``options`` are :class:`PipelineConfig` fields, ``dataset`` overrides ``dataset_path``."""
-    from .stages import PipelineRun
-
-    cfg = config if config is not None else PipelineConfig(**options)
-    return PipelineRun(cfg, console).run(dataset)
-
-
-@contextmanager
-def staged_package(cfg: PipelineConfig) -> Iterator[Path]:
-    """A staging folder moved onto the package folder on success (nothing written on failure)."""
-    with atomic_dir(cfg.package_dir) as staging:
-        yield staging
-
-
-def rename_model(staging: Path, target_name: str) -> None:
-    """``model.onnx`` -> ``NAME.onnx`` (and its sidecar) when ``--output_model`` names the file."""
-    if target_name == "model.onnx":
-        return
-    stem = Path(target_name).stem
-    (staging / "model.onnx").rename(staging / target_name)
-    side = staging / "model_hierarchy.json"
-    if side.exists():
-        side.rename(staging / f"{stem}_hierarchy.json")
-
-
-def export_network(network: Any, staging: Path, keep_batchnorm: bool) -> Any:
-    """Export the trained network into ``staging`` (HF folder or plain module, with labels and processor)."""
-    from ..export.api import export
-
-    with tempfile.TemporaryDirectory(prefix="modelexport-train-") as tmp:
-        source, options = network.export_source(Path(tmp))
-        if keep_batchnorm:
-            options["keep_batchnorm"] = True
-        return export(source, staging, **options)
-
-
-def latency_stats(times_ms: list[float], examples: int) -> dict[str, float]:
-    """p50/p95 per request and throughput over the whole run."""
-    total_s = sum(times_ms) / 1000.0
-    return {
-        "latency_ms_p50": round(float(np.percentile(times_ms, 50)), 3),
-        "latency_ms_p95": round(float(np.percentile(times_ms, 95)), 3),
-        "throughput_per_s": round(examples / total_s, 1) if total_s > 0 else 0.0,
-    }
-
-
-def load_pipeline_data(cfg: PipelineConfig, dataset: Dataset | None) -> tuple[Dataset, Dataset, Dataset]:
-    """(full, train, val) with a stratified split."""
-    full = (
-        dataset if dataset is not None else load_dataset(cfg.dataset_path, cfg.text_column, cfg.label_column)
-    )
-    train, val = full.split(cfg.val_split, cfg.seed)
-    return full, train, val
-
-
-def network_options(cfg: PipelineConfig) -> NetworkOptions:
-    return NetworkOptions(
-        base_model=cfg.base_model, max_length=cfg.max_length, seed=cfg.seed, keep_batchnorm=bool(cfg.ttt)
-    )

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelExportError
-from .schema import KEY_TASK
-from .store import read_metadata
-from .tasks import get_task
+from ..inference.processors import ONNXAutoProcessor
+from ..metadata.schema import KEY_TASK
+from ..metadata.store import read_metadata
+from ..metadata.tasks import get_task
 
 __all__ = ["OptimumCompatibility", "validate_optimum_compatibility"]
 
@@ -103,7 +104,6 @@ def _check_ort_model(report: OptimumCompatibility) -> None:
 
 
 def _check_processor(report: OptimumCompatibility) -> None:
-    from ..inference.processors import ONNXAutoProcessor
 
     try:
         proc = ONNXAutoProcessor.from_model(report.output_dir)

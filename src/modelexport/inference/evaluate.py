@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from ..data import Dataset, load_dataset
 from ..errors import DatasetError, TestTimeError
-from .engine import TestTimeEngine
-from .graph import model_path
-from .policy import TestTimePolicy
+from ..onnxfile import resolve_model_path
+from ..testtime.engine import TestTimeEngine
+from ..testtime.policy import TestTimePolicy
+from .processors import ONNXAutoProcessor
 
 __all__ = ["EvaluationResult", "evaluate"]
 
@@ -38,6 +40,8 @@ class EvaluationResult:
     n_augmented: int = 0
     mean_entropy: float | None = None
     provider: str = ""
+    #: The .onnx file that ran (a package folder resolves to its deployed model).
+    model: str = ""
     baseline: EvaluationResult | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -61,8 +65,6 @@ def _prepare(
             ({engine.input_name: xs[i : i + batch_size]}, labels[i : i + batch_size])
             for i in range(0, len(labels), batch_size)
         ], None
-    from ..inference.processors import ONNXAutoProcessor
-
     processor = ONNXAutoProcessor.from_model(model)
     items = list(dataset.texts if dataset.kind == "text" else dataset.images)
     out = []
@@ -129,12 +131,10 @@ def evaluate(
     torch_model: Any = None,
 ) -> EvaluationResult:
     """Accuracy, latency p50/p95 per batch and throughput of ``policy`` on ``data`` (a path, spec or Dataset)."""
-    from ..data import Dataset, load_dataset
-
     if batch_size < 1:
         raise TestTimeError(f"batch_size must be >= 1, got {batch_size}")
     policy = policy or TestTimePolicy()
-    path = model_path(model)
+    path = resolve_model_path(model)
     dataset = data if isinstance(data, Dataset) else load_dataset(str(data))
     runs = [(policy, torch_model)] + ([(TestTimePolicy(), None)] if baseline else [])
     results: list[EvaluationResult] = []
@@ -144,7 +144,11 @@ def evaluate(
         measured = _measure(engine, batches, processor, dataset.num_classes)
         results.append(
             EvaluationResult(
-                batch_size=batch_size, policy=pol.to_dict(), provider=engine.session_info.provider, **measured
+                batch_size=batch_size,
+                policy=pol.to_dict(),
+                provider=engine.session_info.provider,
+                model=str(path),
+                **measured,
             )
         )
     if baseline:

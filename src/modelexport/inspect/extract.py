@@ -22,6 +22,8 @@ from typing import Any
 
 from .._io import atomic_path
 from ..errors import ExportError, TagError
+from ..hierarchy.graph import resolve_module
+from .loading import load_tagged_model
 
 __all__ = ["ModuleSubgraph", "extract_module_subgraph", "call_instances"]
 
@@ -297,9 +299,6 @@ def extract_module_subgraph(
     node tags alone suffice). ``call``: which call site of a module called several times (0-based), or
     ``"all"``.
     """
-    from ..inspect.graph import resolve_module
-    from ..inspect.loading import load_tagged_model
-
     tm = load_tagged_model(onnx_model, hierarchy=hierarchy_metadata)
     index, sidecar = tm.index, tm.sidecar
     if not index.node_tags:

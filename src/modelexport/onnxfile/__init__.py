@@ -1,0 +1,34 @@
+"""ONNX files on disk, one implementation each: which file a path means, loading with typed errors, the sidecar.
+
+The lowest layer of modelexport beside ``errors`` and ``_io``: every area (metadata, runtime, inference,
+inspect, optimize, test-time, pipeline, CLI) resolves, loads and reads through these functions.
+"""
+
+from __future__ import annotations
+
+from .load import check_external_locations, load_onnx, load_structure
+from .resolve import (
+    DEFAULT_MODEL_FILE,
+    DEPLOYED_KEY,
+    PACKAGE_MANIFEST,
+    read_manifest,
+    record_deployed_model,
+    resolve_model_path,
+)
+from .sidecar import SIDECAR_SUFFIX, load_sidecar, read_sidecar, sidecar_path_for
+
+__all__ = [
+    "DEFAULT_MODEL_FILE",
+    "DEPLOYED_KEY",
+    "PACKAGE_MANIFEST",
+    "SIDECAR_SUFFIX",
+    "check_external_locations",
+    "load_onnx",
+    "load_sidecar",
+    "load_structure",
+    "read_manifest",
+    "read_sidecar",
+    "record_deployed_model",
+    "resolve_model_path",
+    "sidecar_path_for",
+]

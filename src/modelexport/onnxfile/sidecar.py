@@ -1,0 +1,51 @@
+"""The hierarchy sidecar (``<stem>_hierarchy.json`` beside the model): where it lives and how it is read.
+
+The sidecar is optional (the tags live in the ONNX nodes): a missing one is ``None``. A present but
+broken one is an error everywhere, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import MetadataError, OnnxFileError
+
+__all__ = ["SIDECAR_SUFFIX", "sidecar_path_for", "read_sidecar", "load_sidecar"]
+
+SIDECAR_SUFFIX = "_hierarchy.json"
+
+
+def sidecar_path_for(model_path: str | os.PathLike[str]) -> Path:
+    """``dir/model.onnx`` -> ``dir/model_hierarchy.json``."""
+    path = Path(model_path)
+    return path.with_name(f"{path.stem}{SIDECAR_SUFFIX}")
+
+
+def load_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a sidecar file; OnnxFileError when missing, MetadataError when it is not a sidecar."""
+    path = Path(path)
+    if not path.is_file():
+        raise OnnxFileError(
+            f"hierarchy file not found: {path}", hint="pass the model_hierarchy.json written by export"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise MetadataError(
+            f"{path} is not valid JSON: {exc}", hint="re-export, or delete the broken sidecar"
+        ) from exc
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict) or "tags" not in data:
+        raise MetadataError(
+            f"{path} is not a modelexport hierarchy file (no 'nodes'/'tags')",
+            hint="re-export, or delete the broken sidecar",
+        )
+    return data
+
+
+def read_sidecar(model_path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The sidecar beside ``model_path``; None when there is none."""
+    path = sidecar_path_for(model_path)
+    return load_sidecar(path) if path.is_file() else None

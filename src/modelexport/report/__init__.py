@@ -1,1 +1,0 @@
-"""Human-readable reports: export report, configuration summaries, final pipeline report."""
