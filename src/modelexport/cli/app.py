@@ -10,7 +10,6 @@ import traceback
 import click
 
 from .._version import __version__
-from ..errors import ModelExportError
 from .hints import EXIT_CODES, hint_for
 
 __all__ = ["cli", "main", "COMMANDS"]
@@ -78,6 +77,7 @@ def _report(exc: BaseException) -> int:
     hint = hint_for(exc)
     if hint:
         click.echo(f"Hint: {hint}", err=True)
+    from ..errors import ModelExportError
 
     known = isinstance(exc, ModelExportError | OSError | MemoryError)
     if not known and not _STATE["debug"]:

@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
-from ..inference import pipeline
 
 __all__ = ["infer_cmd"]
 
@@ -96,6 +95,7 @@ def infer_cmd(
     as_json: bool,
 ) -> int:
     """Run MODEL (a .onnx file or an export folder) on the inputs with the auto-detected pipeline."""
+    from ..inference import pipeline
 
     items, kind = _inputs(texts, images, audio, question)
     kwargs: dict[str, Any] = {}

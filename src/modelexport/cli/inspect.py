@@ -1,7 +1,7 @@
 """Inspect commands: ``analyze``, ``validate``, ``compare``, ``extract``, ``profile``.
 
 Each command parses options, calls one library function from :mod:`modelexport.inspect` (or
-:func:`modelexport.inspect.extract.extract_module_subgraph`) and prints or writes a rendering.
+:func:`modelexport.hierarchy.extract.extract_module_subgraph`) and prints or writes a rendering.
 Output files are written atomically; errors are raised as ModelExportError subclasses for the app.
 """
 
@@ -10,17 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import click
-
-from .._io import write_text
-from ..inspect.analyze import AnalyzeConfig, analyze
-from ..inspect.compare import compare
-from ..inspect.extract import call_instances, extract_module_subgraph
-from ..inspect.formats import format_for_path, render
-from ..inspect.loading import load_tagged_model
-from ..inspect.optimum import validate_optimum_compatibility
-from ..inspect.profile import ProfileConfig, profile
-from ..inspect.validate import repair as repair_fn
-from ..inspect.validate import validate
 
 __all__ = ["analyze_cmd", "validate_cmd", "compare_cmd", "extract_cmd", "profile_cmd"]
 
@@ -35,6 +24,8 @@ _HIERARCHY = click.option(
 
 def _emit(command: str, result: Any, fmt: str | None, output: str | None, default: str) -> None:
     """Render ``result`` and print it, or write it to ``output`` (format from the extension if not given)."""
+    from .._io import write_text
+    from ..inspect.formats import format_for_path, render
 
     if output:
         text = render(command, fmt or format_for_path(command, output, default), result)
@@ -72,6 +63,7 @@ def analyze_cmd(
     model: str, fmt: str | None, filter_tag: str | None, depth: int | None, output: str | None
 ) -> int:
     """Which module owns which nodes, op types and parameters (works without the sidecar)."""
+    from ..inspect.analyze import AnalyzeConfig, analyze
 
     result = analyze(model, AnalyzeConfig(filter_tag=filter_tag, depth=depth))
     _emit("analyze", result, fmt, output, "summary")
@@ -79,6 +71,14 @@ def analyze_cmd(
 
 
 def _optimum_report(folder: str, fmt: str) -> bool:
+    try:
+        from ..inspect.optimum import validate_optimum_compatibility
+    except ImportError as exc:
+        from ..errors import ConfigError
+
+        raise ConfigError(
+            f"Optimum checks are not available: {exc}", hint="pip install 'modelexport[optimum]'"
+        ) from exc
     report = validate_optimum_compatibility(folder)
     if fmt == "json":
         import json
@@ -134,6 +134,9 @@ def validate_cmd(
     fmt: str,
 ) -> int:
     """ONNX compliance, hierarchy tag grammar and tree; exit code 1 when there are findings."""
+    from ..inspect.formats import render
+    from ..inspect.validate import repair as repair_fn
+    from ..inspect.validate import validate
 
     if model is None and optimum_dir is None:
         raise click.UsageError("give MODEL, --optimum DIR, or both")
@@ -192,6 +195,7 @@ def compare_cmd(
     output: str | None,
 ) -> int:
     """Structural (and with --numeric, numerical) differences between two models."""
+    from ..inspect.compare import compare
 
     providers = tuple(p for p in (ep or "").split(",") if p.strip())
     result = compare(
@@ -211,6 +215,8 @@ def _call(value: str) -> int | str:
 
 
 def _list_modules(model: str, hierarchy: str | None) -> None:
+    from ..inspect.extract import call_instances
+    from ..inspect.loading import load_tagged_model
 
     tm = load_tagged_model(model, hierarchy=hierarchy, weights=False)
     modules = (tm.sidecar or {}).get("modules", {})
@@ -269,6 +275,8 @@ def extract_cmd(
     """Cut one module out as a standalone, runnable ONNX model (inputs/outputs = its tensor boundary)."""
     import json
 
+    from ..inspect.extract import extract_module_subgraph
+
     if list_only:
         _list_modules(model, hierarchy)
         return 0
@@ -326,6 +334,7 @@ def profile_cmd(
     output: str | None,
 ) -> int:
     """Where the time goes, per module: ORT's per-node profile joined with the hierarchy tags."""
+    from ..inspect.profile import ProfileConfig, profile
 
     cfg = ProfileConfig(
         runs=runs, warmup=warmup, providers=ep or (), optimization=optimization, top_k=top_k, inputs=inputs

@@ -7,10 +7,6 @@ from typing import Any
 
 import click
 
-from ..optimize.config import OptimizeConfig, QuantizeConfig
-from ..optimize.graph import optimize_model
-from ..optimize.quantization import quantize
-
 __all__ = ["quantize_cmd", "optimize_cmd"]
 
 
@@ -143,6 +139,8 @@ def quantize_summary(result: Any) -> str:
 )
 def quantize_cmd(model: str, output: str, **opts: Any) -> int:
     """int8-quantize MODEL; hierarchy tags, metadata and the sidecar are carried to the output."""
+    from ..optimize.config import QuantizeConfig
+    from ..optimize.quantization import quantize
 
     fmt = opts.pop("fmt")
     run = {k: opts.pop(k) for k in ("eval_data", "eval_samples", "error_report")}
@@ -213,6 +211,8 @@ def optimize_summary(result: Any) -> str:
 )
 def optimize_cmd(model: str, output: str, fmt: str, **opts: Any) -> int:
     """Optimize MODEL's graph; fused nodes are tagged with the common module of what they replaced."""
+    from ..optimize.config import OptimizeConfig
+    from ..optimize.graph import optimize_model
 
     result = optimize_model(model, output, OptimizeConfig(**opts))
     click.echo(

@@ -92,7 +92,7 @@ def _parse(path: Path, weights: bool) -> onnx.ModelProto:
     check_external_locations(proto, path.parent)
     try:
         onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, onnx.checker.ValidationError) as exc:
         raise OnnxFileError(
             f"cannot read the external data of {path}: {exc}",
             hint="keep the model's external data file(s) beside it, under the names recorded in the model",

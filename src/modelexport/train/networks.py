@@ -18,7 +18,6 @@ import numpy as np
 from ..data import Dataset
 from ..errors import ConfigError, ModelNotFoundError, TrainingError
 from ..export.config import InputSpec
-from .cnn import CompactCNN
 
 __all__ = [
     "NETWORKS",
@@ -218,6 +217,8 @@ class ImageClassifier(Network):
 
     def __post_init__(self) -> None:
         if self.module is None:
+            from .cnn import CompactCNN  # defers torch: the CLI lists the networks without it
+
             self.module = CompactCNN(self.channels, len(self.id2label), self.image_size)
 
     def encode(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
