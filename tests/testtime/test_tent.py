@@ -8,11 +8,75 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from torch import nn
 
 from modelexport.errors import TestTimeError
 from modelexport.testtime import BNAdapter, OnnxTorchModule, TestTimeEngine, TestTimePolicy, tent_adapt
 from modelexport.testtime.aggregate import entropy
 from modelexport.testtime.corruptions import corrupt
+
+
+class FlattenCNN(nn.Module):
+    """An ordinary CNN: BatchNorm, max and average pooling, ``x.flatten(1)`` (Shape/Reshape in a dynamo export)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 6, 3, padding=1),
+            nn.BatchNorm2d(6),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 8, 3),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.AvgPool2d(2),
+        )
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+@pytest.fixture(scope="module")
+def flatten_cnn() -> FlattenCNN:
+    torch.manual_seed(0)
+    model = FlattenCNN()
+    with torch.no_grad():  # non-trivial running statistics, as after training
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def flatten_export(export_cache: Any, flatten_cnn: FlattenCNN) -> Any:
+    """The default export (dynamo), BatchNorm kept: what a user passes to ``--ttt tent``."""
+    return export_cache.get("tt_flatten_cnn", flatten_cnn, keep_batchnorm=True, input_shape=(2, 1, 8, 8))
+
+
+@pytest.mark.must
+def test_tent_runs_on_the_default_export_of_a_cnn_that_flattens(
+    flatten_export: Any, flatten_cnn: FlattenCNN
+) -> None:
+    adapter = BNAdapter(flatten_export.onnx_path)
+    assert flatten_export.exporter == "dynamo"
+    assert {"Shape", "Reshape", "BatchNormalization"} <= {n.op_type for n in adapter.source.graph.node}
+    x = np.random.default_rng(1).normal(0.3, 1.5, (16, 1, 8, 8)).astype(np.float32)  # shifted test data
+    with torch.no_grad():
+        ours = OnnxTorchModule(adapter.source, train_bn=False)({"x": x})[0].numpy()
+        batch_stats = OnnxTorchModule(adapter.source, train_bn=True)({"x": x})[0].numpy()
+    np.testing.assert_allclose(ours, adapter.run({"x": x})[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        batch_stats, adapter.run({"x": x}, adapter.adapt({"x": x}))[0], rtol=1e-4, atol=1e-5
+    )
+
+    onnx_only = tent_adapt(adapter, {"x": x}, learning_rate=1e-2, steps=3)
+    from_torch = tent_adapt(adapter, {"x": x}, learning_rate=1e-2, steps=3, torch_model=flatten_cnn)
+    for name in onnx_only:
+        np.testing.assert_allclose(onnx_only[name], from_torch[name], rtol=1e-3, atol=1e-4)
+    changed = {k for k, v in onnx_only.items() if not np.array_equal(v, adapter.source_state[k])}
+    assert changed == {p for layer in adapter.layers for p in layer.params}
 
 
 @pytest.mark.must
