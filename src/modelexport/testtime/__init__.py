@@ -32,10 +32,11 @@ from .augment import MODALITIES, TRANSFORMS, Transform, make_views, register_tra
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from .engine import Stream, TestTimeEngine, TestTimeResult
 from .ensemble import Ensemble
+from .interpreter import SUPPORTED_OPS, OnnxTorchModule
 from .iterative import IterationResult, build_loop_model, iterate
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .policy import ADAPTATION_METHODS, POLICY_PRESETS, TestTimePolicy, policy_preset
-from .tent import SUPPORTED_OPS, OnnxTorchModule, tent_adapt
+from .tent import tent_adapt
 
 __all__ = [
     "ADAPTATION_METHODS",

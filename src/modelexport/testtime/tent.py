@@ -18,9 +18,9 @@ import numpy as np
 
 from ..errors import TestTimeError
 from .adapt import BNAdapter, BNState
-from .interpreter import SUPPORTED_OPS, OnnxTorchModule
+from .interpreter import OnnxTorchModule
 
-__all__ = ["OnnxTorchModule", "SUPPORTED_OPS", "tent_adapt"]
+__all__ = ["tent_adapt"]
 
 
 def _entropy_loss(logits: Any) -> Any:
