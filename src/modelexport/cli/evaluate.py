@@ -20,7 +20,7 @@ def _table(result: Any) -> str:
         )
     p = result.policy
     lines.append(
-        f"n={result.n}, batch size {result.batch_size}, provider {result.provider}; "
+        f"model {result.model}: n={result.n}, batch size {result.batch_size}, provider {result.provider}; "
         f"tta={','.join(p['tta_transforms']) or '-'} ({p['tta_aggregate']}), ttt={p['ttt']}, mc_dropout={p['mc_dropout']}"
     )
     if result.n_augmented and p.get("adaptive_threshold"):

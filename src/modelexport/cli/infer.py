@@ -111,6 +111,7 @@ def infer_cmd(
     info = pipe.describe()
     if as_json:
         doc = {
+            "model": info["model"],
             "task": pipe.task,
             "provider": info["provider"],
             "predictions": _jsonable(predictions),
@@ -122,7 +123,7 @@ def infer_cmd(
         }
         click.echo(json.dumps(doc, indent=2))
         return 0
-    click.echo(f"task: {pipe.task}   provider: {info['provider']}")
+    click.echo(f"model: {info['model']}   task: {pipe.task}   provider: {info['provider']}")
     for item, pred in zip(items, predictions, strict=True):
         shown = json.dumps(_jsonable(pred))
         click.echo(f"{str(item)[:60]!s} -> {shown if len(shown) <= 400 else shown[:397] + '...'}")
