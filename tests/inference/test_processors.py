@@ -79,6 +79,63 @@ def test_image_processor_equals_transformers_vit(task_export: Any) -> None:
     assert np.abs(ours - ref).max() < 1e-5
 
 
+_CLIP_STATS = {
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+}
+#: name -> (transformers class, settings): fixed size, shortest edge + center crop, crop_pct.
+IMAGE_CONFIGS = {
+    "vit": ("ViTImageProcessor", {"size": {"height": 224, "width": 224}}),
+    "clip": (
+        "CLIPImageProcessor",
+        {"size": {"shortest_edge": 224}, "crop_size": {"height": 224, "width": 224}, **_CLIP_STATS},
+    ),
+    "convnext": ("ConvNextImageProcessor", {"size": {"shortest_edge": 224}, "crop_pct": 0.875}),
+}
+#: Odd sizes; short sides 55, 71 (CLIP) and 49 (ConvNeXt) are where truncating ``h * (edge / h)``
+#: gives 223 / 255 instead of transformers' 224 / 256.
+ODD_SIZES = [(37, 53), (55, 83), (142, 71), (49, 67), (301, 199), (500, 333)]
+
+
+@pytest.mark.must
+@pytest.mark.parametrize("name", sorted(IMAGE_CONFIGS))
+@pytest.mark.parametrize("graph_hw", [(224, 224), (None, None)], ids=["fixed", "dynamic"])
+def test_image_preprocessing_equals_transformers(
+    name: str, graph_hw: tuple[int | None, int | None], tmp_path: Path
+) -> None:
+    """The folder's preprocessor_config.json, read as AutoImageProcessor reads it: same pixels on odd sizes."""
+    import transformers
+
+    cls_name, settings = IMAGE_CONFIGS[name]
+    getattr(transformers, cls_name)(**settings).save_pretrained(str(tmp_path))
+    ref_proc = transformers.AutoImageProcessor.from_pretrained(str(tmp_path), use_fast=False)
+    images = [Image.fromarray(_rgb(h, w)) for h, w in ODD_SIZES]
+    ref = ref_proc(images=images, return_tensors="np")["pixel_values"]
+    sources = ProcessorSources(tmp_path, [GraphInput("pixel_values", (None, 3, *graph_hw))], {}, {})
+    proc = ONNXAutoProcessor.from_sources(sources)
+    ours = proc(images=images)["pixel_values"]
+    assert type(proc.processor).__name__ == cls_name
+    assert ours.shape == ref.shape == (len(ODD_SIZES), 3, 224, 224)
+    assert np.abs(ours - ref).max() <= 1e-5
+
+
+@pytest.mark.sanity
+@pytest.mark.parametrize("name", sorted(IMAGE_CONFIGS))
+def test_fixed_graph_size_overrides_the_config_size(name: str) -> None:
+    """A graph fixed to 96 x 96 gets 96 x 96 whatever the config says; the config's kind of resize is kept."""
+    import transformers
+
+    cls_name, settings = IMAGE_CONFIGS[name]
+    cfg = getattr(transformers, cls_name)(**settings).to_dict()
+    proc = ONNXImageProcessor([GraphInput("pixel_values", (None, 3, 96, 96))], cfg)
+    images = [_rgb(h, w) for h, w in ODD_SIZES]
+    assert proc(images=images)["pixel_values"].shape == (len(ODD_SIZES), 3, 96, 96)
+    if "shortest_edge" in settings["size"]:
+        assert proc.processor.size == {"shortest_edge": 96}  # aspect-keeping resize (+ crop) kept
+    ref = type(proc.processor).from_dict(proc.processor.to_dict())(images=images, return_tensors="np")
+    assert np.abs(proc(images=images)["pixel_values"] - ref["pixel_values"]).max() <= 1e-5
+
+
 @pytest.mark.must
 def test_one_channel_graph_gets_grayscale_at_the_fixed_size(tmp_path: Path) -> None:
     proc = ONNXImageProcessor([GraphInput("x", (None, 1, 8, 8))], CNN_PROCESSOR)
@@ -86,13 +143,12 @@ def test_one_channel_graph_gets_grayscale_at_the_fixed_size(tmp_path: Path) -> N
     path = tmp_path / "digit.png"
     Image.fromarray(rgb).save(path)
     gray = np.asarray(Image.fromarray(rgb).convert("L"))
-    forms = [Image.fromarray(rgb), str(path), rgb, gray, gray[:, :, None], gray.astype(np.float32) / 255]
+    forms = [Image.fromarray(rgb), str(path), rgb, gray, gray[:, :, None]]
     batch = proc(images=forms)["x"]
-    assert batch.shape == (6, 1, 8, 8) and batch.dtype == np.float32
+    assert batch.shape == (5, 1, 8, 8) and batch.dtype == np.float32
     expected = (np.asarray(Image.fromarray(gray).resize((8, 8), Image.BILINEAR)) / 255 - 0.5) / 0.5
-    for row in batch[:5]:
+    for row in batch:
         assert np.abs(row[0] - expected).max() < 1e-5
-    assert np.abs(batch[5, 0] - expected).max() < 0.02  # float input resized in float: close, not bit-equal
 
 
 @pytest.mark.sanity
@@ -137,6 +193,44 @@ def test_feature_extractor_equals_transformers_and_reads_wav(task_export: Any, t
     from_file = proc(audio=[str(tmp_path / "a.wav")])["input_values"]
     assert np.abs(from_file - ours[:1]).max() < 1e-3
     assert proc(audio=[str(tmp_path / "b.wav")])["input_values"].shape == (1, 8000)  # resampled to 16 kHz
+
+
+@pytest.mark.must
+@pytest.mark.parametrize("with_mask", [False, True], ids=["no_mask", "mask"])
+@pytest.mark.parametrize("length", [None, 3000], ids=["dynamic", "fixed"])
+def test_raw_audio_equals_wav2vec2_feature_extractor(with_mask: bool, length: int | None) -> None:
+    """input_values (and the attention mask when the config returns one) as transformers computes them."""
+    from transformers import Wav2Vec2FeatureExtractor
+
+    ref_fe = Wav2Vec2FeatureExtractor(
+        feature_size=1, sampling_rate=16000, do_normalize=True, return_attention_mask=with_mask
+    )
+    inputs = [GraphInput("input_values", (None, length))]
+    inputs += [GraphInput("attention_mask", (None, length), "int64")] if with_mask else []
+    proc = ONNXFeatureExtractor(inputs, ref_fe.to_dict())
+    waves = [RNG.randn(n).astype(np.float32) * 0.1 + 0.05 for n in (4000, 2500, 1200)]
+    padding = (
+        {"padding": "max_length", "max_length": length, "truncation": True} if length else {"padding": True}
+    )
+    ref = ref_fe(waves, sampling_rate=16000, return_tensors="np", **padding)
+    feeds = proc(audio=waves)
+    assert set(feeds) == {i.name for i in inputs}
+    assert feeds["input_values"].shape == ref["input_values"].shape == (3, length or 4000)
+    assert np.abs(feeds["input_values"] - ref["input_values"]).max() <= 1e-5
+    if with_mask:
+        np.testing.assert_array_equal(feeds["attention_mask"], ref["attention_mask"])
+
+
+@pytest.mark.regression
+def test_audio_defaults_are_the_extractor_defaults() -> None:
+    """A config that leaves return_attention_mask out normalises as transformers does (whole padded row)."""
+    from transformers import Wav2Vec2FeatureExtractor
+
+    proc = ONNXFeatureExtractor([GraphInput("input_values", (None, None))], {"sampling_rate": 16000})
+    waves = [RNG.randn(n).astype(np.float32) * 0.1 + 0.05 for n in (3000, 1000)]
+    ref = Wav2Vec2FeatureExtractor()(waves, sampling_rate=16000, padding=True, return_tensors="np")
+    assert type(proc.extractor) is Wav2Vec2FeatureExtractor
+    assert np.abs(proc(audio=waves)["input_values"] - ref["input_values"]).max() <= 1e-5
 
 
 @pytest.mark.sanity
@@ -186,3 +280,19 @@ def test_pipeline_engineer_cnn_config_form() -> None:
     images = [(RNG.rand(8, 8, 3) * 255).astype(np.uint8) for _ in range(3)]
     expected = ((np.stack(images) / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
     assert np.abs(proc(images=images)["pixel_values"] - expected).max() < 1e-5
+
+
+@pytest.mark.must
+def test_plain_torch_export_writes_a_transformers_image_processor_config(cnn_export: Any) -> None:
+    """The plain CNN's folder loads with AutoImageProcessor and gives our processor's pixel values."""
+    from transformers import AutoImageProcessor
+
+    folder = cnn_export.output_dir
+    hf = AutoImageProcessor.from_pretrained(str(folder), use_fast=False)
+    assert type(hf).__name__ == "ViTImageProcessor"
+    assert hf.size == {"height": 8, "width": 8} and list(hf.image_mean) == [0.5]
+    images = [Image.fromarray(_rgb(h, w)).convert("L") for h, w in ODD_SIZES]
+    ref = hf(images=[np.asarray(i)[:, :, None] for i in images], return_tensors="np")["pixel_values"]
+    ours = ONNXAutoProcessor.from_model(folder)(images=images)
+    assert ours["x"].shape == ref.shape == (len(ODD_SIZES), 1, 8, 8)
+    assert np.abs(ours["x"] - ref).max() <= 1e-5

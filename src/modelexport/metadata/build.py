@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ __all__ = [
     "build_metadata",
     "processor_config_of",
     "classify_processor_config",
+    "hf_processor",
+    "processor_section",
+    "complete_processor_config",
     "graph_io",
     "PROCESSOR_FILES",
 ]
@@ -42,11 +46,78 @@ _TOKENIZER_KEYS = (
 )
 
 
+#: Keys :func:`processor_config_of` adds for the tokenizer and the kinds; not part of an image/audio config.
+_MERGE_KEYS = (*_TOKENIZER_KEYS, "tokenizer_class", "padding", "truncation", "special_tokens")
+_KIND_KEYS = ("processor_type", "processor_kinds")
+
+#: The transformers class an untyped config of each kind is read with, and the defaults it starts from
+#: (an untyped image config normalises only when it gives its statistics, as before types were written).
+_FALLBACK_CLASS: dict[str, tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = {
+    "image_processor": ("ViTImageProcessor", lambda cfg: {"do_normalize": "image_mean" in cfg}),
+    "feature_extractor": ("Wav2Vec2FeatureExtractor", lambda cfg: {}),
+}
+
+
 def classify_processor_config(cfg: dict[str, Any]) -> str:
     """'image_processor' or 'feature_extractor' for a transformers preprocessor config dict."""
     if "image_processor_type" in cfg or "image_mean" in cfg or "size" in cfg or "crop_size" in cfg:
         return "image_processor"
     return "feature_extractor"
+
+
+def processor_section(cfg: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The ``kind`` part (image_processor / feature_extractor) of an embedded ``hf_processor_config``."""
+    if kind not in (cfg.get("processor_kinds") or ()):
+        return {}
+    drop = _KIND_KEYS + (_MERGE_KEYS if "tokenizer" in cfg["processor_kinds"] else ())
+    return {k: v for k, v in cfg.items() if k not in drop}
+
+
+def _hf_class(cfg: dict[str, Any], kind: str, model_type: str | None) -> tuple[type, dict[str, Any]]:
+    """The slow transformers class for ``cfg`` as the Auto classes pick it: its type key, else the model type."""
+    from transformers.models.auto import feature_extraction_auto as fe
+    from transformers.models.auto import image_processing_auto as ip
+
+    if kind == "image_processor":
+        name = cfg.get("image_processor_type") or str(cfg.get("feature_extractor_type") or "").replace(
+            "FeatureExtractor", "ImageProcessor"
+        )
+        if not name and model_type in ip.IMAGE_PROCESSOR_MAPPING_NAMES:
+            name = ip.IMAGE_PROCESSOR_MAPPING_NAMES[model_type][0] or ""
+        lookup = ip.get_image_processor_class_from_name
+    else:
+        name = cfg.get("feature_extractor_type") or fe.FEATURE_EXTRACTOR_MAPPING_NAMES.get(
+            model_type or "", ""
+        )
+        lookup = fe.feature_extractor_class_from_name
+    defaults: dict[str, Any] = {}
+    if not name:
+        name, make_defaults = _FALLBACK_CLASS[kind]
+        defaults = make_defaults(cfg)
+    cls = lookup(str(name).removesuffix("Fast"))  # slow (PIL/numpy) classes: no torchvision
+    if cls is None:
+        raise MetadataError(
+            f"transformers has no {kind} class {name!r}",
+            hint="set image_processor_type / feature_extractor_type to a transformers class name",
+        )
+    return cls, defaults
+
+
+def hf_processor(cfg: dict[str, Any], kind: str, model_type: str | None = None) -> Any:
+    """The transformers image processor / feature extractor a config describes (what AutoImageProcessor /
+    AutoFeatureExtractor build from the same ``preprocessor_config.json``, slow classes only)."""
+    cls, defaults = _hf_class(cfg, kind, model_type)
+    try:
+        return cls.from_dict({**defaults, **cfg})
+    except (TypeError, ValueError, KeyError) as exc:
+        raise MetadataError(f"the {kind} config does not build a {cls.__name__}: {exc}") from exc
+
+
+def complete_processor_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A user's processor config as transformers writes it (class name and every setting spelled out),
+    so ``AutoImageProcessor.from_pretrained(folder)`` loads the ``preprocessor_config.json`` written from it."""
+    proc = hf_processor(cfg, classify_processor_config(cfg))
+    return json.loads(proc.to_json_string())
 
 
 def _tokenizer_section(tokenizer: Any) -> dict[str, Any]:
@@ -87,7 +158,7 @@ def processor_config_of(
     """
     out: dict[str, Any] = {}
     kinds: list[str] = []
-    pre = dict(user) if user else _read_preprocessor(model_dir)
+    pre = complete_processor_config(user) if user else _read_preprocessor(model_dir)
     if pre:
         out.update(pre)
         kinds.append(classify_processor_config(pre))

@@ -12,11 +12,12 @@ from typing import Any
 
 from .._io import write_json
 from ..errors import MetadataError
-from .build import PROCESSOR_FILES
+from .build import PROCESSOR_FILES, complete_processor_config
 
 __all__ = ["EXPORT_METADATA_FILE", "safe_join", "write_package_files", "processor_file_names"]
 
 EXPORT_METADATA_FILE = "export_metadata.json"
+_PREPROCESSOR_FILE = "preprocessor_config.json"
 
 
 def safe_join(base: Path, name: str) -> Path:
@@ -46,14 +47,24 @@ def processor_file_names(tokenizer: Any) -> list[str]:
     return names
 
 
+def _write_user_preprocessor(ctx: Any) -> list[str]:
+    """The user's processor config (plain torch models) as a transformers ``preprocessor_config.json``."""
+    if not ctx.config.processor_config:
+        return []
+    write_json(ctx.staging_dir / _PREPROCESSOR_FILE, complete_processor_config(ctx.config.processor_config))
+    return [_PREPROCESSOR_FILE]
+
+
 def _copy_processor_files(ctx: Any) -> list[str]:
     src = ctx.loaded.model_dir
-    copied: list[str] = []
+    copied = _write_user_preprocessor(ctx)
     if src is None:
         if ctx.tokenizer is not None:
-            copied = [Path(f).name for f in ctx.tokenizer.save_pretrained(str(ctx.staging_dir))]
+            copied += [Path(f).name for f in ctx.tokenizer.save_pretrained(str(ctx.staging_dir))]
         return copied
     for name in processor_file_names(ctx.tokenizer):
+        if name in copied:
+            continue
         source = safe_join(Path(src), name)
         if source.is_file():
             target = safe_join(ctx.staging_dir, name)

@@ -237,7 +237,7 @@ class ImageClassifier(Network):
         h, w = self.image_size
         return {
             "image_processor_type": "ViTImageProcessor",
-            "do_resize": False,
+            "do_resize": True,  # a no-op on training-size images; other sizes get the graph's
             "size": {"height": h, "width": w},
             "do_rescale": True,
             "rescale_factor": 1.0 / 255.0,

@@ -1,8 +1,10 @@
 """``ONNXFeatureExtractor``: waveforms (arrays or .wav files) -> ``input_values`` or spectrogram features.
 
-Raw-waveform graphs (``input_values``) are handled here: zero-mean unit-variance normalisation as
-transformers' Wav2Vec2-style extractors do, padded per batch (or to a fixed length). Spectrogram graphs
-(``input_features``) use the transformers feature extractor class named in the config.
+The features are transformers' own feature extractor's (built from the model's
+``preprocessor_config.json`` or its embedded config), raw waveforms and spectrograms alike. Only what
+the graph fixes is adapted: a fixed waveform length is padded/truncated to by the extractor, a fixed
+number of spectrogram frames is cut or zero-padded to, and an ``attention_mask`` graph input asks the
+extractor for its mask.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InferenceError
+from ...metadata.build import hf_processor
 from ..graph import GraphInput
 from .base import BaseONNXProcessor
 
@@ -57,63 +60,59 @@ class ONNXFeatureExtractor(BaseONNXProcessor):
     kind = "feature_extractor"
     modality = "audio"
 
-    def __init__(self, inputs: list[GraphInput], config: dict[str, Any] | None = None) -> None:
-        super().__init__(inputs, config)
+    def __init__(
+        self,
+        inputs: list[GraphInput],
+        config: dict[str, Any] | None = None,
+        *,
+        processor: Any = None,
+        model_type: str | None = None,
+    ) -> None:
+        super().__init__(inputs, processor.to_dict() if processor is not None else config)
         main = self.input("input_values") or self.input("input_features")
         main = main or next((i for i in self.inputs if i.dtype.startswith("float")), None)
         if main is None:
             raise InferenceError(f"no audio input among the graph inputs {[i.name for i in self.inputs]}")
         self.main = main
-        self.sampling_rate = int(self.config.get("sampling_rate", 16000))
+        self.extractor = (
+            processor if processor is not None else hf_processor(self.config, self.kind, model_type)
+        )
+        self.sampling_rate = int(getattr(self.extractor, "sampling_rate", None) or 16000)
         self.spectrogram = len(main.shape) == 3
         self.fixed_length = main.dim(-1)
 
-    def _waveforms(self, audio: Any) -> list[np.ndarray]:
-        return [read_audio(a, self.sampling_rate) for a in self._require(audio, "audio")]
+    def _options(self) -> dict[str, Any]:
+        """Call options: what the graph fixes, else the extractor's own defaults (raw batches pad to the longest)."""
+        options: dict[str, Any] = {"sampling_rate": self.sampling_rate, "return_tensors": "np"}
+        if not self.spectrogram:
+            options["padding"] = True
+            if self.fixed_length:
+                options.update(padding="max_length", max_length=self.fixed_length, truncation=True)
+        if self.input("attention_mask") is not None:
+            options["return_attention_mask"] = True
+        return options
 
-    def _raw(self, waves: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """Pad per batch, then normalise as transformers does: per waveform with a mask, else the padded row."""
-        length = self.fixed_length or max(len(w) for w in waves)
-        pad = float(self.config.get("padding_value", 0.0))
-        values = np.full((len(waves), length), pad, dtype=np.float32)
-        mask = np.zeros((len(waves), length), dtype=np.int64)
-        for i, w in enumerate(waves):
-            values[i, : min(len(w), length)] = w[:length]
-            mask[i, : min(len(w), length)] = 1
-        if self.config.get("do_normalize", True):
-            with_mask = self.config.get("return_attention_mask", True)
-            for i, row in enumerate(values):
-                n = int(mask[i].sum()) if with_mask else length
-                part = row[:n]
-                row[:n] = (part - part.mean()) / np.sqrt(part.var() + 1e-7)
-        return {self.main.name: values, "attention_mask": mask}
-
-    def _spectrogram(self, waves: list[np.ndarray]) -> dict[str, np.ndarray]:
-        import transformers
-
-        name = self.config.get("feature_extractor_type")
-        cls = getattr(transformers, str(name), None) if name else None
-        if cls is None:
-            raise InferenceError(
-                f"spectrogram input {self.main.name!r} needs a known feature_extractor_type, got {name!r}"
-            )
-        extractor = cls.from_dict({k: v for k, v in self.config.items() if k != "feature_extractor_type"})
-        out = extractor(waves, sampling_rate=self.sampling_rate, return_tensors="np", padding=True)
-        feats = out[self.main.name] if self.main.name in out else next(iter(out.values()))
-        if self.fixed_length:
-            frames = feats.shape[-1]
-            feats = (
-                feats[..., : self.fixed_length]
-                if frames >= self.fixed_length
-                else np.pad(feats, [(0, 0)] * (feats.ndim - 1) + [(0, self.fixed_length - frames)])
-            )
-        return {self.main.name: feats, **{k: v for k, v in out.items() if k != self.main.name}}
+    def _fix_frames(self, feats: np.ndarray) -> np.ndarray:
+        if not (self.spectrogram and self.fixed_length) or feats.shape[-1] == self.fixed_length:
+            return feats
+        if feats.shape[-1] > self.fixed_length:
+            return feats[..., : self.fixed_length]
+        return np.pad(feats, [(0, 0)] * (feats.ndim - 1) + [(0, self.fixed_length - feats.shape[-1])])
 
     def __call__(
         self, texts: Any = None, images: Any = None, audio: Any = None, **kwargs: Any
     ) -> dict[str, np.ndarray]:
-        waves = self._waveforms(audio)
-        return self.cast(self._spectrogram(waves) if self.spectrogram else self._raw(waves))
+        waves = [read_audio(a, self.sampling_rate) for a in self._require(audio, "audio")]
+        out = dict(self.extractor(waves, **self._options()))
+        key = next((k for k in ("input_values", "input_features") if k in out), next(iter(out)))
+        feeds = {k: np.asarray(v) for k, v in out.items() if k != key}
+        feeds[self.main.name] = self._fix_frames(np.asarray(out[key]))
+        return self.cast(feeds)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "sampling_rate": self.sampling_rate, "fixed_length": self.fixed_length}
+        return {
+            **super().describe(),
+            "transformers_class": type(self.extractor).__name__,
+            "sampling_rate": self.sampling_rate,
+            "fixed_length": self.fixed_length,
+        }

@@ -1,8 +1,9 @@
 """``ONNXAutoProcessor``: pick and build the processor a model needs, from its graph, metadata and files.
 
 Processor kinds join a registry with a predicate over the graph inputs; the first match (in
-registration order: multimodal, text, image, audio) builds the processor from the embedded
-``hf_processor_config``, the folder's processor files, and the graph's fixed or dynamic dims.
+registration order: multimodal, text, image, audio) builds the processor from the folder's processor
+files (transformers' ``preprocessor_config.json``, tokenizer files) or the embedded ``hf_processor_config``,
+and the graph's fixed or dynamic dims.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InferenceError, MetadataError
+from ...metadata.build import classify_processor_config, processor_section
 from ...metadata.schema import KEY_MODEL_CONFIG, KEY_PROCESSOR_CONFIG
 from ...metadata.store import read_metadata
 from ...onnxfile import resolve_model_path
@@ -39,18 +41,22 @@ class ProcessorSources:
     model_config: dict[str, Any]
     tokenizer: Any = None
 
+    @property
+    def model_type(self) -> str | None:
+        """The transformers model type: picks the processor class of a config that names none."""
+        return self.model_config.get("model_type")
+
     def section(self, kind: str) -> dict[str, Any]:
-        """The image_processor / feature_extractor config: embedded first, then the folder's file."""
-        if kind in (self.processor_config.get("processor_kinds") or ()):
-            return dict(self.processor_config)
+        """The image_processor / feature_extractor config: the folder's transformers file, else the embedded one."""
         file = self.folder / "preprocessor_config.json" if self.folder else None
         if file and file.is_file():
-            from ...metadata.build import classify_processor_config
-
-            data = json.loads(file.read_text(encoding="utf-8"))
+            try:
+                data = json.loads(file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise MetadataError(f"{file} is not valid JSON: {exc.msg}") from exc
             if classify_processor_config(data) == kind:
                 return data
-        return {}
+        return processor_section(self.processor_config, kind)
 
     def tokenizer_or_load(self) -> Any:
         return self.tokenizer if self.tokenizer is not None else load_tokenizer(self.folder)
@@ -112,7 +118,9 @@ class ONNXProcessor(BaseONNXProcessor):
 def _multimodal(s: ProcessorSources) -> BaseONNXProcessor:
     text_inputs = [i for i in s.inputs if len(i.shape) != 4]
     tok = ONNXTokenizer(s.tokenizer_or_load(), text_inputs, s.model_config)
-    img = ONNXImageProcessor([i for i in s.inputs if len(i.shape) == 4], s.section("image_processor"))
+    img = ONNXImageProcessor(
+        [i for i in s.inputs if len(i.shape) == 4], s.section("image_processor"), model_type=s.model_type
+    )
     return ONNXProcessor([tok, img], s.inputs)
 
 
@@ -126,12 +134,12 @@ def _image(s: ProcessorSources) -> BaseONNXProcessor:
     cfg = s.section("image_processor")
     if "num_channels" not in cfg and s.model_config.get("num_channels"):
         cfg["num_channels"] = s.model_config["num_channels"]
-    return ONNXImageProcessor(s.inputs, cfg)
+    return ONNXImageProcessor(s.inputs, cfg, model_type=s.model_type)
 
 
 @register_processor("audio", _has_audio)
 def _audio(s: ProcessorSources) -> BaseONNXProcessor:
-    return ONNXFeatureExtractor(s.inputs, s.section("feature_extractor"))
+    return ONNXFeatureExtractor(s.inputs, s.section("feature_extractor"), model_type=s.model_type)
 
 
 def _folder_config(folder: Path | None) -> dict[str, Any]:
@@ -189,7 +197,6 @@ class ONNXAutoProcessor:
             raise InferenceError(
                 f"data_processor of type {type(processor).__name__} is not a tokenizer or a processor"
             )
-        cfg = to_dict()
-        if "sampling_rate" in cfg and "image_mean" not in cfg:
-            return ONNXFeatureExtractor(sources.inputs, cfg)
-        return ONNXImageProcessor(sources.inputs, cfg)
+        if classify_processor_config(to_dict()) == "feature_extractor":
+            return ONNXFeatureExtractor(sources.inputs, processor=processor)
+        return ONNXImageProcessor(sources.inputs, processor=processor)

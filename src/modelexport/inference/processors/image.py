@@ -1,23 +1,29 @@
-"""``ONNXImageProcessor``: PIL images, paths or arrays -> the graph's channels and H x W, normalised.
+"""``ONNXImageProcessor``: PIL images, paths or arrays -> the graph's image input, by transformers.
 
-Follows transformers' image-processor config (``size``, ``resample``, ``do_center_crop``/``crop_size``,
-``rescale_factor``, ``image_mean``/``image_std``) and the graph: a fixed H x W wins over the config,
-a 1-channel graph gets grayscale, a 3-channel graph gets RGB.
+The pre-processing itself (resize, crop, rescale, normalise) is transformers' own slow image processor,
+built from the model's ``preprocessor_config.json`` or its embedded config. Only what the graph fixes is
+adapted: a fixed H x W overrides the size/crop settings when they would give another size, a 1-channel
+graph gets grayscale and a 3-channel graph RGB, a channels-last graph gets NHWC, and a dynamic H x W
+batch of different sizes is zero-padded to the largest.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ...errors import InferenceError
+from ...errors import InferenceError, MetadataError
+from ...metadata.build import hf_processor
 from ..graph import GraphInput
 from .base import BaseONNXProcessor
 
 __all__ = ["ONNXImageProcessor", "to_array"]
+
+log = logging.getLogger(__name__)
 
 _GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float64)  # ITU-R 601-2, as PIL's convert("L")
 
@@ -59,51 +65,21 @@ def _channels(arr: np.ndarray, channels: int) -> np.ndarray:
     raise InferenceError(f"cannot turn a {arr.shape[2]}-channel image into {channels} channels")
 
 
-def _resize(arr: np.ndarray, height: int, width: int, resample: int) -> np.ndarray:
-    from PIL import Image
-
-    if arr.shape[:2] == (height, width):
-        return arr
-    if arr.dtype == np.uint8:
-        img = Image.fromarray(arr[:, :, 0] if arr.shape[2] == 1 else arr)
-        out = np.asarray(img.resize((width, height), resample=resample))
-        return out[:, :, None] if out.ndim == 2 else out
-    planes = [
-        np.asarray(
-            Image.fromarray(arr[:, :, c].astype(np.float32), mode="F").resize(
-                (width, height), resample=resample
-            )
-        )
-        for c in range(arr.shape[2])
-    ]
-    return np.stack(planes, axis=2)
+#: An odd, non-square image: a config whose output size depends on the input's shows it on this one.
+_PROBE_HW = (37, 53)
 
 
-def _center_crop(arr: np.ndarray, height: int, width: int) -> np.ndarray:
-    h, w = arr.shape[:2]
-    if h < height or w < width:  # pad like transformers does before cropping
-        pad = (
-            (max(0, (height - h + 1) // 2), max(0, (height - h) // 2)),
-            (max(0, (width - w + 1) // 2), max(0, (width - w) // 2)),
-            (0, 0),
-        )
-        arr, (h, w) = np.pad(arr, pad), (max(h, height), max(w, width))
-    top, left = (h - height) // 2, (w - width) // 2
-    return arr[top : top + height, left : left + width]
-
-
-def _hw(size: Any) -> tuple[int | None, int | None, int | None]:
-    """(height, width, shortest_edge) from transformers' size forms."""
-    if isinstance(size, int):
-        return size, size, None
-    if isinstance(size, dict):
-        if "height" in size and "width" in size:
-            return int(size["height"]), int(size["width"]), None
-        if "shortest_edge" in size:
-            return None, None, int(size["shortest_edge"])
-    if isinstance(size, (list, tuple)) and len(size) == 2:
-        return int(size[0]), int(size[1]), None
-    return None, None, None
+def _graph_fits(proc: Any, height: int, width: int) -> list[dict[str, Any]]:
+    """Settings that make ``proc`` give ``height x width``, most faithful first: keep the center crop
+    (shortest edge + crop), a square shortest edge (crop_pct configs crop to it), else resize to it."""
+    fits: list[dict[str, Any]] = []
+    if getattr(proc, "do_center_crop", False):
+        crop = {"height": height, "width": width}
+        fits.append({"do_resize": True, "size": {"shortest_edge": min(height, width)}, "crop_size": crop})
+    if height == width:
+        fits.append({"do_resize": True, "size": {"shortest_edge": height}})
+    fits.append({"do_resize": True, "size": {"height": height, "width": width}, "do_center_crop": False})
+    return fits
 
 
 class ONNXImageProcessor(BaseONNXProcessor):
@@ -113,9 +89,15 @@ class ONNXImageProcessor(BaseONNXProcessor):
     modality = "images"
 
     def __init__(
-        self, inputs: list[GraphInput], config: dict[str, Any] | None = None, input_name: str | None = None
+        self,
+        inputs: list[GraphInput],
+        config: dict[str, Any] | None = None,
+        input_name: str | None = None,
+        *,
+        processor: Any = None,
+        model_type: str | None = None,
     ) -> None:
-        super().__init__(inputs, config)
+        super().__init__(inputs, processor.to_dict() if processor is not None else config)
         main = self.input(input_name or "pixel_values") or next(
             (i for i in self.inputs if len(i.shape) == 4), None
         )
@@ -129,67 +111,66 @@ class ONNXImageProcessor(BaseONNXProcessor):
             self.config.get("num_channels") or len(self.config.get("image_mean") or [0, 0, 0])
         )
         self.fixed_hw = (dims[h_axis], dims[w_axis]) if dims[h_axis] and dims[w_axis] else None
+        base = processor if processor is not None else hf_processor(self.config, self.kind, model_type)
+        self.processor = self._fit(base)
 
-    def _target(self, arr: np.ndarray) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-        """(resize to, crop to) for one image."""
-        cfg = self.config
-        crop = _hw(cfg.get("crop_size"))[:2] if cfg.get("do_center_crop") else (None, None)
-        crop_hw = (crop[0], crop[1]) if crop[0] else None
-        if self.fixed_hw and crop_hw and crop_hw != self.fixed_hw:
-            crop_hw = None
-        height, width, shortest = _hw(cfg.get("size"))
-        if cfg.get("do_resize", True) is False and not self.fixed_hw:
-            return None, crop_hw
-        if shortest:
-            pct = cfg.get("crop_pct")
-            edge = int(shortest / pct) if pct and shortest < 384 else shortest
-            h, w = arr.shape[:2]
-            scale = edge / min(h, w)
-            resize = (max(1, int(h * scale)), max(1, int(w * scale)))
-            crop_hw = crop_hw or ((shortest, shortest) if pct and shortest < 384 else None)
-            if self.fixed_hw and (crop_hw or resize) != self.fixed_hw:
-                return self.fixed_hw, None
-            return resize, crop_hw
-        if height and width and (not self.fixed_hw or crop_hw or (height, width) == self.fixed_hw):
-            return (height, width), crop_hw
-        return self.fixed_hw, None
+    def _run(self, proc: Any, arrays: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
+        out = proc(
+            images=arrays,
+            return_tensors=None,
+            input_data_format="channels_last",
+            data_format="channels_last" if self.channels_last else "channels_first",
+        )
+        return {k: [np.asarray(a) for a in v] for k, v in out.items()}
 
-    def _one(self, image: Any) -> np.ndarray:
-        arr = _channels(to_array(image), self.channels)
-        resize, crop = self._target(arr)
-        if resize:
-            arr = _resize(arr, resize[0], resize[1], int(self.config.get("resample", 2)))
-        if crop:
-            arr = _center_crop(arr, *crop)
-        x = arr.astype(np.float32)
-        if self.config.get("do_rescale", True) and (arr.dtype == np.uint8 or float(x.max(initial=0)) > 1.0):
-            x = (arr.astype(np.float64) * float(self.config.get("rescale_factor", 1 / 255))).astype(
-                np.float32
-            )
-        if self.config.get("do_normalize", "image_mean" in self.config):
-            x = (x - self._stat("image_mean", 0.0)) / self._stat("image_std", 1.0)
-        return x
+    def _hw(self, pixels: np.ndarray) -> tuple[int, int]:
+        return pixels.shape[:2] if self.channels_last else pixels.shape[1:3]
 
-    def _stat(self, key: str, default: float) -> np.ndarray:
-        values = self.config.get(key, default)
-        values = np.atleast_1d(np.asarray(values, dtype=np.float32))
-        if len(values) != self.channels:
-            values = np.full(self.channels, float(values.mean()), dtype=np.float32)
-        return values
+    def _fit(self, proc: Any) -> Any:
+        """``proc`` itself when it gives the graph's fixed H x W, else a copy set to give it."""
+        if self.fixed_hw is None:
+            return proc
+        probe = [np.zeros((*_PROBE_HW, self.channels), dtype=np.uint8)]
+        if self._hw(self._run(proc, probe)["pixel_values"][0]) == self.fixed_hw:
+            return proc
+        for changes in _graph_fits(proc, *self.fixed_hw):
+            try:
+                fitted = type(proc).from_dict({**proc.to_dict(), **changes})
+                if self._hw(self._run(fitted, probe)["pixel_values"][0]) == self.fixed_hw:
+                    log.info("image processor set to the graph's fixed size %s: %s", self.fixed_hw, changes)
+                    return fitted
+            except (ValueError, KeyError, TypeError):
+                continue
+        raise MetadataError(
+            f"{type(proc).__name__} cannot be set to the graph's fixed size {self.fixed_hw}",
+            hint="export with a dynamic image size or pass a matching data_processor",
+        )
+
+    def _pad(self, arrays: list[np.ndarray]) -> np.ndarray:
+        """Stack; a dynamic H x W batch of different sizes is zero-padded (bottom, right) to the largest."""
+        h_axis, w_axis = (0, 1) if self.channels_last else (1, 2)
+        h = max(a.shape[h_axis] for a in arrays)
+        w = max(a.shape[w_axis] for a in arrays)
+        padded = []
+        for a in arrays:
+            pad = [(0, 0)] * a.ndim
+            pad[h_axis], pad[w_axis] = (0, h - a.shape[h_axis]), (0, w - a.shape[w_axis])
+            padded.append(np.pad(a, pad))
+        return np.stack(padded)
 
     def __call__(
         self, texts: Any = None, images: Any = None, audio: Any = None, **kwargs: Any
     ) -> dict[str, np.ndarray]:
-        arrays = [self._one(img) for img in self._require(images, "images")]
-        h = max(a.shape[0] for a in arrays)
-        w = max(a.shape[1] for a in arrays)  # dynamic H x W: natural sizes, zero-padded per batch
-        batch = np.stack([np.pad(a, ((0, h - a.shape[0]), (0, w - a.shape[1]), (0, 0))) for a in arrays])
-        pixels = batch if self.channels_last else batch.transpose(0, 3, 1, 2)
-        return self.cast({self.main.name: pixels})
+        arrays = [_channels(to_array(img), self.channels) for img in self._require(images, "images")]
+        out = self._run(self.processor, arrays)
+        feeds = {k: np.stack(v) for k, v in out.items() if k != "pixel_values" and self.input(k)}
+        feeds[self.main.name] = self._pad(out["pixel_values"])
+        return self.cast(feeds)
 
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
+            "transformers_class": type(self.processor).__name__,
             "channels": self.channels,
             "fixed_hw": self.fixed_hw,
             "channels_last": self.channels_last,
