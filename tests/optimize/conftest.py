@@ -80,5 +80,5 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Digits:
     root = tmp_path_factory.mktemp("digits")
     result = modelexport.export(model, root / "pkg", input_shape=(1, 1, 8, 8))
     np.savez(root / "calib.npz", x=xtr[:128])
-    np.savez(root / "test.npz", x=xte, labels=yte)
+    np.savez(root / "test.npz", x=xte, y=yte)
     return Digits(Path(result.onnx_path), root / "calib.npz", root / "test.npz", acc)
