@@ -209,21 +209,22 @@ def test_trained_classifier_keeps_accuracy_after_int8(digits: Any, tmp_path: Pat
     assert result.coverage["coverage_pct"] == 100.0
 
 
-def _write_digit_images(root: Path, n: int = 12) -> Path:
+def _write_digit_images(root: Path, n: int = 12, classes: bool = True) -> Path:
     from PIL import Image
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
     for i in range(n):
-        folder = root / str(y[i])
+        folder = root / str(y[i]) if classes else root
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray((x[i].reshape(8, 8) * 255 / 16).astype(np.uint8)).save(folder / f"{i}.png")
     return root
 
 
 @pytest.mark.integration
-def test_static_calibration_from_an_image_folder(digits: Any, tmp_path: Path) -> None:
-    images = _write_digit_images(tmp_path / "images")
+@pytest.mark.parametrize("classes", [True, False], ids=["class-folders", "flat-unlabelled"])
+def test_static_calibration_from_an_image_folder(digits: Any, tmp_path: Path, classes: bool) -> None:
+    images = _write_digit_images(tmp_path / "images", classes=classes)
     result = quantize(
         digits.onnx_path,
         tmp_path / "q.onnx",

@@ -7,8 +7,9 @@ with ``require_labels=False`` (calibration needs inputs, not answers).
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,6 +18,8 @@ import numpy as np
 from ..errors import DatasetError
 
 __all__ = ["Dataset", "KINDS", "encode_labels"]
+
+log = logging.getLogger(__name__)
 
 #: What a dataset holds: ``texts`` (list[str]), ``images`` (list of HxWxC uint8 arrays), ``x`` (one ndarray,
 #: samples on axis 0) or ``feeds`` (model-ready arrays named after the graph's inputs, samples on axis 0).
@@ -88,6 +91,26 @@ class Dataset:
 
     def __len__(self) -> int:
         return self.size
+
+    def class_ids(self, id2label: Mapping[Any, str] | None = None) -> list[int] | None:
+        """The labels as a model's class ids: integer names are ids already; words go through the
+        model's ``id2label`` (case-insensitive); without a match, the sorted-name order ``0..K-1``."""
+        if self.labels is None:
+            return None
+        names = self.label_names
+        if all(_is_int(n) for n in names):
+            return [int(names[y]) for y in self.labels]
+        by_word = {str(v).strip().lower(): int(k) for k, v in (id2label or {}).items()}
+        if by_word and all(n.lower() in by_word for n in names):
+            return [by_word[names[y].lower()] for y in self.labels]
+        if by_word:
+            log.warning(
+                "%s: labels %s are not all among the model's %s; using their sorted order as class ids",
+                self.source,
+                names,
+                sorted(by_word),
+            )
+        return list(self.labels)
 
     def class_balance(self) -> dict[str, int]:
         """Examples per class name, in class order ({} when unlabelled)."""

@@ -150,7 +150,12 @@ def _batches(n: int, batch_size: int, fixed: int | None) -> list[list[int]]:
 def dataset_samples(
     dataset: Dataset, sources: ProcessorSources, limit: int, *, seed: int = 0, batch_size: int = 1
 ) -> SampleSet:
-    """Up to ``limit`` examples of ``dataset`` (seeded draw) as feeds of ``batch_size`` examples each."""
+    """Up to ``limit`` examples of ``dataset`` (seeded draw) as feeds of ``batch_size`` examples each.
+
+    Labels become the model's class ids (words through its ``id2label``), so accuracy compares like with like.
+    Calibration and ``--eval-data`` use ``batch_size=1``: a padded position puts the attention mask's
+    dtype-minimum scores into the activation ranges (entropy calibration then fails to bin them).
+    """
     if dataset.kind not in FEEDERS:
         raise DatasetError(
             f"{dataset.source}: no feeds for {dataset.kind} data (known: {', '.join(FEEDERS)})"
@@ -161,7 +166,8 @@ def dataset_samples(
     fixed = model.inputs.fixed_batch if model.inputs.inputs else None
     batches = _batches(len(chosen), batch_size, fixed)
     feeds = [feed(chosen.subset(idx), model) for idx in batches]
-    labels = None if chosen.labels is None else [chosen.labels[i] for idx in batches for i in idx]
+    ids = chosen.class_ids(sources.model_config.get("id2label"))
+    labels = None if ids is None else [ids[i] for idx in batches for i in idx]
     return SampleSet(feeds, labels, chosen.kind)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import io
 import logging
 import os
 import tempfile
@@ -121,20 +122,23 @@ def _static(
         "percentile": CalibrationMethod.Percentile,
     }[cfg.calibrate_method]
     reader, extra_options = calibration_reader(samples, cfg.progress)
-    quantize_static(
-        model,
-        out,
-        reader,
-        quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=list(cfg.op_types) or None,
-        per_channel=cfg.per_channel,
-        reduce_range=cfg.reduce_range,
-        activation_type=_qtype(cfg.activation_type),
-        weight_type=_qtype(cfg.weight_type),
-        nodes_to_exclude=exclude or None,
-        calibrate_method=method,
-        extra_options=extra_options,
-    )
+    printed = io.StringIO()  # ORT's calibrators print once per feed; stdout is for results (--format json)
+    with contextlib.redirect_stdout(printed):
+        quantize_static(
+            model,
+            out,
+            reader,
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(cfg.op_types) or None,
+            per_channel=cfg.per_channel,
+            reduce_range=cfg.reduce_range,
+            activation_type=_qtype(cfg.activation_type),
+            weight_type=_qtype(cfg.weight_type),
+            nodes_to_exclude=exclude or None,
+            calibrate_method=method,
+            extra_options=extra_options,
+        )
+    log.debug("quantize_static printed:\n%s", printed.getvalue())
 
 
 def load_onnx(path: str | Path) -> Any:
