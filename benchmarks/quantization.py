@@ -189,7 +189,7 @@ def bench_cnn(work: Path, threads: int, epochs: int) -> dict[str, Any]:
     export = modelexport.export(model, work / "cnn", input_shape=(1, 1, 8, 8))
     fp32 = Path(export.onnx_path)
     np.savez(work / "cnn_calib.npz", x=xtr[:256])
-    np.savez(work / "cnn_test.npz", x=xte, labels=yte)
+    np.savez(work / "cnn_test.npz", x=xte, y=yte)
     feeds = {1: {"x": xte[:1]}, 32: {"x": xte[:32]}}
     out: dict[str, Any] = {
         "model": "DigitsCNN (2 conv + BN, trained on sklearn digits)",

@@ -82,6 +82,63 @@ def test_npz(tmp_path: Path) -> None:
 
 
 @pytest.mark.sanity
+def test_npz_named_arrays_and_word_labels(tmp_path: Path) -> None:
+    ids = np.arange(12).reshape(4, 3)
+    np.savez(
+        tmp_path / "f.npz", input_ids=ids, attention_mask=np.ones_like(ids), y=np.array(["pos", "neg"] * 2)
+    )
+    ds = load_dataset(tmp_path / "f.npz")
+    assert ds.kind == "feeds" and len(ds) == 4 and sorted(ds.feeds) == ["attention_mask", "input_ids"]
+    assert ds.label_names == ["neg", "pos"] and ds.labels == [1, 0, 1, 0]
+    assert ds.feeds["input_ids"].dtype == ids.dtype
+    np.testing.assert_array_equal(ds.subset([2]).feeds["input_ids"], ids[2:3])
+    with pytest.raises(DatasetError, match="needs labels in an array 'y'"):
+        load_dataset(_npz(tmp_path / "u.npz", input_ids=ids))
+    unlabelled = load_dataset(tmp_path / "u.npz", require_labels=False)
+    assert unlabelled.labels is None and unlabelled.describe() == "4 feeds examples, unlabelled"
+    with pytest.raises(DatasetError, match="labels go in the array 'y'"):
+        load_dataset(_npz(tmp_path / "a.npz", x=ids, labels=np.array([0, 1, 0, 1])))
+    with pytest.raises(DatasetError, match="use one of the two"):
+        load_dataset(_npz(tmp_path / "b.npz", x=ids, input_ids=ids, y=np.array([0, 1, 0, 1])))
+
+
+def _npz(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.sanity
+def test_unlabelled_data_for_calibration(tmp_path: Path) -> None:
+    (tmp_path / "t.csv").write_text("text\nshort\na much longer sentence here\n")
+    with pytest.raises(DatasetError, match="no label column"):
+        load_dataset(tmp_path / "t.csv")
+    ds = load_dataset(tmp_path / "t.csv", require_labels=False)
+    assert ds.kind == "text" and ds.labels is None and ds.texts == ["short", "a much longer sentence here"]
+    assert ds.class_ids() is None and ds.class_balance() == {}
+    with pytest.raises(DatasetError, match="no labels"):
+        ds.split(0.5)
+    one = _write_csv(tmp_path / "one.csv", [("a", "pos"), ("b", "pos")])
+    assert load_dataset(one, require_labels=False).label_names == ["pos"]  # one class is fine for inputs
+    from PIL import Image
+
+    (tmp_path / "flat").mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((4, 5), i * 40, np.uint8)).save(tmp_path / "flat" / f"{i}.png")
+    images = load_dataset(tmp_path / "flat", require_labels=False)
+    assert images.kind == "image" and len(images) == 3 and images.labels is None
+    assert images.images[0].shape == (4, 5, 1)
+
+
+@pytest.mark.sanity
+def test_class_ids_follow_the_models_labels() -> None:
+    words = Dataset("text", [1, 0, 1], ["negative", "positive"], texts=["a", "b", "c"], source="mem")
+    assert words.class_ids({0: "NEGATIVE", 1: "neutral", 2: "Positive"}) == [2, 0, 2]
+    assert words.class_ids(None) == [1, 0, 1]  # no model labels: sorted-name order
+    ids = Dataset("text", [1, 0], ["1", "3"], texts=["a", "b"], source="mem")
+    assert ids.class_ids({0: "x", 1: "y", 2: "z", 3: "w"}) == [3, 1]  # integer labels are the ids
+
+
+@pytest.mark.sanity
 def test_sklearn_digits_and_stratified_split() -> None:
     ds = load_dataset("sklearn:digits")
     assert ds.kind == "image" and len(ds) == 1797 and ds.num_classes == 10

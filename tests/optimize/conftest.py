@@ -80,5 +80,29 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> Digits:
     root = tmp_path_factory.mktemp("digits")
     result = modelexport.export(model, root / "pkg", input_shape=(1, 1, 8, 8))
     np.savez(root / "calib.npz", x=xtr[:128])
-    np.savez(root / "test.npz", x=xte, labels=yte)
+    np.savez(root / "test.npz", x=xte, y=yte)
     return Digits(Path(result.onnx_path), root / "calib.npz", root / "test.npz", acc)
+
+
+@pytest.fixture(scope="session")
+def seq_cls_export(export_cache: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny BERT sentiment classifier (negative/neutral/positive) of tests/inference, tokenizer beside."""
+    from tests.inference.tiny_tasks import save_task_model
+
+    source = save_task_model("seq_cls", tmp_path_factory.mktemp("src_seq_cls"))
+    return export_cache.get("task_seq_cls", str(source))
+
+
+@pytest.fixture(scope="session")
+def sst2_words(sst2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 48 SST-2 dev sentences (lengths differ) with word labels: 0 -> negative, 1 -> positive."""
+    import csv
+
+    with (sst2_dir / "dev.csv").open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))[:48]
+    path = tmp_path_factory.mktemp("sst2_words") / "dev_words.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["sentence", "sentiment"])
+        writer.writerows([r["text"], "positive" if r["label"] == "1" else "negative"] for r in rows)
+    return path

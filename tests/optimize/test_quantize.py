@@ -13,14 +13,15 @@ import pytest
 from modelexport.errors import ConfigError, DatasetError, OnnxFileError
 from modelexport.hierarchy.tags import TAG_KEY
 from modelexport.metadata import read_metadata
-from modelexport.optimize.calibration import READERS
+from modelexport.optimize.calibration import FEEDERS
 from modelexport.optimize.quantization import QDQ_OPS, QUANT_MODES, QUANT_OPS, quantize
 from modelexport.runtime.session import create_session
 from tests.optimize.conftest import bert_feeds
 
 #: Registry entries and the tests that exercise them (a new entry without a test fails here).
 TESTED_MODES = {"dynamic", "static"}
-TESTED_READERS = {"npz", "text", "images"}
+#: Dataset kinds turned into feeds: feeds (bert_npz), tensor (digits x), image (folder), text (CSV).
+TESTED_FEEDERS = {"feeds", "tensor", "image", "text"}
 #: int8 vs fp32 on random-weight tiny BERT: cosine of last_hidden_state per sample.
 MIN_COSINE = 0.99
 #: Accuracy points a trained classifier may lose after int8 (held-out digits, 450 images).
@@ -44,7 +45,7 @@ def _cosines(a_path: Path, b_path: Path, feeds: dict[str, np.ndarray]) -> list[f
 @pytest.mark.must
 def test_every_registry_entry_has_a_test() -> None:
     assert set(QUANT_MODES) == TESTED_MODES
-    assert set(READERS) == TESTED_READERS
+    assert set(FEEDERS) == TESTED_FEEDERS
 
 
 @pytest.mark.must
@@ -183,7 +184,7 @@ def test_error_report_and_eval(tiny_bert_onnx: Path, bert_npz: Path, tmp_path: P
     assert [r["max_abs_error"] for r in report] == sorted((r["max_abs_error"] for r in report), reverse=True)
     assert all(r["max_abs_error"] > 0 and r["mean_abs_error"] <= r["max_abs_error"] for r in report)
     assert result.evaluation["samples"] == 16 and result.evaluation["mean_cosine"] > MIN_COSINE
-    assert result.calibration == {"kind": "npz", "samples": 8, "method": "minmax"}
+    assert result.calibration == {"kind": "feeds", "samples": 8, "method": "minmax"}
 
 
 @pytest.mark.integration
@@ -208,21 +209,22 @@ def test_trained_classifier_keeps_accuracy_after_int8(digits: Any, tmp_path: Pat
     assert result.coverage["coverage_pct"] == 100.0
 
 
-def _write_digit_images(root: Path, n: int = 12) -> Path:
+def _write_digit_images(root: Path, n: int = 12, classes: bool = True) -> Path:
     from PIL import Image
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
     for i in range(n):
-        folder = root / str(y[i])
+        folder = root / str(y[i]) if classes else root
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray((x[i].reshape(8, 8) * 255 / 16).astype(np.uint8)).save(folder / f"{i}.png")
     return root
 
 
 @pytest.mark.integration
-def test_static_calibration_from_an_image_folder(digits: Any, tmp_path: Path) -> None:
-    images = _write_digit_images(tmp_path / "images")
+@pytest.mark.parametrize("classes", [True, False], ids=["class-folders", "flat-unlabelled"])
+def test_static_calibration_from_an_image_folder(digits: Any, tmp_path: Path, classes: bool) -> None:
+    images = _write_digit_images(tmp_path / "images", classes=classes)
     result = quantize(
         digits.onnx_path,
         tmp_path / "q.onnx",
@@ -231,7 +233,7 @@ def test_static_calibration_from_an_image_folder(digits: Any, tmp_path: Path) ->
         calibration_samples=8,
         progress=False,
     )
-    assert result.calibration["kind"] == "images" and result.calibration["samples"] == 8
+    assert result.calibration["kind"] == "image" and result.calibration["samples"] == 8
     assert result.coverage["coverage_pct"] == 100.0
 
 

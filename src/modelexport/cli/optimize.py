@@ -67,7 +67,9 @@ def quantize_summary(result: Any) -> str:
     "--calibration-data",
     type=click.Path(),
     default=None,
-    help="Text CSV/JSON (model's tokenizer), an image folder (its image processor) or a .npz of inputs.",
+    help="Dataset (as for training/evaluate; labels optional, words or ids): text CSV/TSV/JSON/JSONL "
+    "(model's tokenizer, padded per batch), an image folder (its image processor) or a .npz "
+    "('x', or arrays named after the model's inputs).",
 )
 @click.option(
     "--calibration-samples", type=int, default=100, show_default=True, help="Samples used to calibrate."
@@ -115,7 +117,8 @@ def quantize_summary(result: Any) -> str:
     "--eval-data",
     type=click.Path(),
     default=None,
-    help="Data to compare int8 vs fp32 (agreement, accuracy, latency).",
+    help="Dataset to compare int8 vs fp32 (agreement; accuracy when it has labels, words or ids; "
+    "latency). Same formats as --calibration-data.",
 )
 @click.option(
     "--eval-samples",

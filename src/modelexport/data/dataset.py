@@ -1,13 +1,15 @@
 """The one in-memory dataset every reader returns: inputs of one kind, integer labels and their names.
 
-Readers differ in what they parse; training, evaluation and test-time policy search only ever see
-this class, so a new file format never touches them.
+Readers differ in what they parse; training, evaluation, calibration and test-time policy search only
+ever see this class, so a new file format never touches them. Labels are ``None`` only for data read
+with ``require_labels=False`` (calibration needs inputs, not answers).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,8 +19,12 @@ from ..errors import DatasetError
 
 __all__ = ["Dataset", "KINDS", "encode_labels"]
 
-#: What a dataset holds: ``texts`` (list[str]), ``images`` (list of HxWxC uint8 arrays) or ``x`` (ndarray).
-KINDS = ("text", "image", "tensor")
+log = logging.getLogger(__name__)
+
+#: What a dataset holds: ``texts`` (list[str]), ``images`` (list of HxWxC uint8 arrays), ``x`` (one ndarray,
+#: samples on axis 0) or ``feeds`` (model-ready arrays named after the graph's inputs, samples on axis 0).
+KINDS = ("text", "image", "tensor", "feeds")
+_FIELDS = {"text": "texts", "image": "images", "tensor": "x", "feeds": "feeds"}
 
 
 @dataclass(frozen=True)
@@ -26,11 +32,12 @@ class Dataset:
     """Inputs plus integer labels ``0..K-1``; ``label_names[i]`` is the original label of class ``i``."""
 
     kind: str
-    labels: list[int]
+    labels: list[int] | None
     label_names: list[str]
     texts: list[str] | None = None
     images: list[np.ndarray] | None = None
     x: np.ndarray | None = None
+    feeds: dict[str, np.ndarray] | None = None
     source: str = ""
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -40,8 +47,14 @@ class Dataset:
         inputs = self.inputs
         if inputs is None:
             raise DatasetError(f"a {self.kind} dataset needs its {self._field} set")
-        if len(inputs) != len(self.labels):
-            raise DatasetError(f"{self.source}: {len(inputs)} inputs but {len(self.labels)} labels")
+        if self.feeds is not None:
+            sizes = {name: len(a) for name, a in self.feeds.items()}
+            if not sizes or len(set(sizes.values())) != 1:
+                raise DatasetError(f"{self.source}: arrays need one sample count on axis 0, got {sizes}")
+        if self.labels is None:
+            return
+        if self.size != len(self.labels):
+            raise DatasetError(f"{self.source}: {self.size} inputs but {len(self.labels)} labels")
         bad = [y for y in self.labels if not 0 <= int(y) < len(self.label_names)]
         if bad:
             raise DatasetError(
@@ -50,12 +63,23 @@ class Dataset:
 
     @property
     def _field(self) -> str:
-        return {"text": "texts", "image": "images", "tensor": "x"}[self.kind]
+        return _FIELDS[self.kind]
 
     @property
-    def inputs(self) -> Sequence[Any] | np.ndarray | None:
-        """The inputs whatever the kind (texts, images or the ``x`` array)."""
+    def inputs(self) -> Sequence[Any] | np.ndarray | dict[str, np.ndarray] | None:
+        """The inputs whatever the kind (texts, images, the ``x`` array or the named ``feeds``)."""
         return getattr(self, self._field)
+
+    @property
+    def size(self) -> int:
+        """Number of examples (also for unlabelled data)."""
+        if self.feeds is not None:
+            return len(next(iter(self.feeds.values())))
+        return len(self.inputs)  # type: ignore[arg-type]
+
+    @property
+    def labelled(self) -> bool:
+        return self.labels is not None
 
     @property
     def num_classes(self) -> int:
@@ -66,29 +90,60 @@ class Dataset:
         return dict(enumerate(self.label_names))
 
     def __len__(self) -> int:
-        return len(self.labels)
+        return self.size
+
+    def class_ids(self, id2label: Mapping[Any, str] | None = None) -> list[int] | None:
+        """The labels as a model's class ids: integer names are ids already; words go through the
+        model's ``id2label`` (case-insensitive); without a match, the sorted-name order ``0..K-1``."""
+        if self.labels is None:
+            return None
+        names = self.label_names
+        if all(_is_int(n) for n in names):
+            return [int(names[y]) for y in self.labels]
+        by_word = {str(v).strip().lower(): int(k) for k, v in (id2label or {}).items()}
+        if by_word and all(n.lower() in by_word for n in names):
+            return [by_word[names[y].lower()] for y in self.labels]
+        if by_word:
+            log.warning(
+                "%s: labels %s are not all among the model's %s; using their sorted order as class ids",
+                self.source,
+                names,
+                sorted(by_word),
+            )
+        return list(self.labels)
 
     def class_balance(self) -> dict[str, int]:
-        """Examples per class name, in class order."""
-        counts = Counter(self.labels)
+        """Examples per class name, in class order ({} when unlabelled)."""
+        counts = Counter(self.labels or [])
         return {name: counts.get(i, 0) for i, name in enumerate(self.label_names)}
 
     def subset(self, indices: Sequence[int] | np.ndarray) -> Dataset:
         """A dataset with the given examples (same label mapping)."""
         idx = [int(i) for i in indices]
-        sub: dict[str, Any] = {"labels": [self.labels[i] for i in idx]}
+        sub: dict[str, Any] = {"labels": None if self.labels is None else [self.labels[i] for i in idx]}
         if self.kind == "text":
             sub["texts"] = [self.texts[i] for i in idx]  # type: ignore[index]
         elif self.kind == "image":
             sub["images"] = [self.images[i] for i in idx]  # type: ignore[index]
+        elif self.kind == "feeds":
+            sub["feeds"] = {k: v[idx] for k, v in self.feeds.items()}  # type: ignore[union-attr]
         else:
             sub["x"] = self.x[idx]  # type: ignore[index]
         return replace(self, **sub)
+
+    def sample(self, limit: int, seed: int = 0) -> Dataset:
+        """At most ``limit`` examples drawn without replacement (seeded), kept in file order."""
+        if limit >= len(self):
+            return self
+        rng = np.random.default_rng(seed)
+        return self.subset(np.sort(rng.choice(len(self), size=limit, replace=False)))
 
     def split(self, val_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
         """Stratified (train, val): every class keeps its share in both parts (at least one each)."""
         if not 0.0 < val_fraction < 1.0:
             raise DatasetError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+        if self.labels is None:
+            raise DatasetError(f"{self.source}: has no labels; a stratified split needs them")
         rng = np.random.default_rng(seed)
         labels = np.asarray(self.labels)
         train_idx: list[int] = []
@@ -108,6 +163,8 @@ class Dataset:
 
     def describe(self) -> str:
         """One line: size, kind, classes and balance (what the pipeline prints)."""
+        if self.labels is None:
+            return f"{len(self)} {self.kind} examples, unlabelled"
         balance = ", ".join(f"{k}: {v}" for k, v in self.class_balance().items())
         return f"{len(self)} {self.kind} examples, {self.num_classes} classes ({balance})"
 
@@ -121,11 +178,12 @@ def _is_int(value: str) -> bool:
 
 
 def encode_labels(
-    raw: Sequence[Any], source: str, lines: Sequence[int] | None = None
+    raw: Sequence[Any], source: str, lines: Sequence[int] | None = None, min_classes: int = 2
 ) -> tuple[list[int], list[str]]:
-    """Map raw labels to ``0..K-1``: integer labels keep their numeric order, others sort by name.
+    """Map raw labels (words or ids) to ``0..K-1``: integer labels keep their numeric order, others sort
+    by name.
 
-    Fails on a single class (nothing to learn) and names the first empty label's line.
+    Fails below ``min_classes`` (one class: nothing to learn) and names the first empty label's line.
     """
     names = [str(v).strip() for v in raw]
     for i, name in enumerate(names):
@@ -133,7 +191,7 @@ def encode_labels(
             where = f"line {lines[i]}" if lines is not None else f"record {i + 1}"
             raise DatasetError(f"{source}, {where}: empty label")
     unique = set(names)
-    if len(unique) < 2:
+    if len(unique) < min_classes:
         only = next(iter(unique)) if unique else "(none)"
         raise DatasetError(
             f"{source}: only one class ({only!r}) in {len(names)} examples; a classifier needs at least two",

@@ -1,8 +1,18 @@
 """Dataset readers, one registry entry per format; ``load_dataset`` picks the first that claims the path.
 
 Formats: CSV/TSV/JSON/JSONL tables (text + label, or image path + label), an image folder with one
-sub-folder per class, ``.npz`` arrays (``x``, ``y``) and built-ins such as ``sklearn:digits``.
+sub-folder per class, ``.npz`` arrays and built-ins such as ``sklearn:digits``.
 Every error names the file and, for rows, the line and its content.
+
+The ``.npz`` convention (the only one; training, evaluation, calibration and ``quantize --eval-data``
+all read it here), samples on axis 0:
+
+- ``x``: the input of a single-input model (e.g. images as N x C x H x W float), *or* one array per
+  graph input named after it (``input_ids``, ``attention_mask``, ...: model-ready feeds);
+- ``y``: labels, integer ids or words (optional only where labels are, i.e. calibration);
+- ``label_names``: optional names of the integer ids ``0..K-1``.
+
+Labels anywhere may be words (``positive``) or ids (``1``); :func:`encode_labels` maps both to ``0..K-1``.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ TEXT_COLUMNS = (
     "review",
     "content",
     "document",
+    "sentence1",
     "utterance",
     "comment",
     "question",
@@ -48,14 +59,23 @@ LABEL_COLUMNS = ("label", "labels", "class", "target", "category", "sentiment", 
 IMAGE_COLUMNS = ("image", "image_path", "path", "file", "filename", "filepath", "img")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm")
 TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
+#: The ``.npz`` keys (see the module docstring).
+NPZ_INPUT, NPZ_LABELS, NPZ_LABEL_NAMES = "x", "y", "label_names"
+_NPZ_LABEL_ALIASES = ("labels", "label", "Y")
 
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """Column names given by the user (``None``: auto-detect)."""
+    """Column names given by the user (``None``: auto-detect); whether data without labels is an error."""
 
     text_column: str | None = None
     label_column: str | None = None
+    require_labels: bool = True
+
+    @property
+    def min_classes(self) -> int:
+        """A classifier needs two classes to learn; data read for its inputs only may hold one."""
+        return 2 if self.require_labels else 1
 
 
 @dataclass(frozen=True)
@@ -96,11 +116,19 @@ def register_builtin(spec: str) -> Callable[[Callable[[], Dataset]], Callable[[]
 
 
 def load_dataset(
-    path_or_spec: str | Path, text_column: str | None = None, label_column: str | None = None
+    path_or_spec: str | Path,
+    text_column: str | None = None,
+    label_column: str | None = None,
+    *,
+    require_labels: bool = True,
 ) -> Dataset:
-    """Read a labelled dataset from a file, folder or built-in spec (see the module docstring for formats)."""
+    """Read a dataset from a file, folder or built-in spec (see the module docstring for formats).
+
+    ``require_labels=False`` (calibration) also accepts data without labels (no label column, no ``y``,
+    a flat folder of images) and a single class; its ``Dataset.labels`` is then None.
+    """
     spec = str(path_or_spec)
-    options = ReadOptions(text_column, label_column)
+    options = ReadOptions(text_column, label_column, require_labels)
     for reader in READERS.values():
         if reader.matches(spec):
             dataset = reader.read(spec, options)
@@ -113,7 +141,7 @@ def load_dataset(
         )
     raise DatasetError(
         f"{spec}: unknown dataset format",
-        hint=f"use a {'/'.join(s.lstrip('.') for s in TABLE_SUFFIXES)} file, .npz (x, y), an image folder "
+        hint=f"use a {'/'.join(s.lstrip('.') for s in TABLE_SUFFIXES)} file, .npz (x or named inputs, y), an image folder "
         f"(one sub-folder per class) or one of: {', '.join(sorted(BUILTINS))}",
     )
 
@@ -160,20 +188,52 @@ def _read_npz(spec: str, options: ReadOptions) -> Dataset:
             arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError) as exc:
         raise DatasetError(f"{path}: cannot read as .npz: {exc}") from exc
-    x_key = next((k for k in ("x", "X", "inputs") if k in arrays), None)
-    y_key = next((k for k in ("y", "Y", "labels") if k in arrays), None)
-    if x_key is None or y_key is None:
-        raise DatasetError(f"{path}: needs arrays 'x' and 'y', found {sorted(arrays) or 'none'}")
-    x, y = arrays[x_key], arrays[y_key].reshape(-1)
-    if len(x) == 0:
+    found = sorted(arrays)
+    y = arrays.pop(NPZ_LABELS, None)
+    label_names = arrays.pop(NPZ_LABEL_NAMES, None)
+    alias = next((k for k in _NPZ_LABEL_ALIASES if k in arrays), None)
+    if y is None and alias is not None:
+        raise DatasetError(
+            f"{path}: labels go in the array 'y', found {alias!r}", hint=f"np.savez(path, x=..., y={alias})"
+        )
+    if NPZ_INPUT in arrays and len(arrays) > 1:
+        raise DatasetError(
+            f"{path}: holds 'x' and named arrays {sorted(set(arrays) - {NPZ_INPUT})}; use one of the two",
+            hint="'x' for a single-input model, or one array per graph input named after it",
+        )
+    if not arrays:
+        raise DatasetError(f"{path}: no input arrays (found {found})", hint=_NPZ_HINT)
+    n = len(next(iter(arrays.values())))
+    if n == 0:
         raise DatasetError(f"{path}: is empty (0 examples)")
-    if len(x) != len(y):
-        raise DatasetError(f"{path}: 'x' has {len(x)} rows but 'y' has {len(y)} labels")
-    labels, names = encode_labels(y.tolist(), str(path))
-    if "label_names" in arrays and len(arrays["label_names"]) == len(names):
-        names = [str(n) for n in arrays["label_names"]]
-    info = {"format": "npz", "shape": list(x.shape[1:])}
-    return Dataset("tensor", labels, names, x=x.astype(np.float32), source=str(path), info=info)
+    labels, names = _npz_labels(path, y, label_names, n, options)
+    info = {"format": "npz", "arrays": {k: list(v.shape[1:]) for k, v in arrays.items()}}
+    if NPZ_INPUT in arrays:
+        x = arrays[NPZ_INPUT]
+        info["shape"] = list(x.shape[1:])
+        return Dataset("tensor", labels, names, x=x.astype(np.float32), source=str(path), info=info)
+    return Dataset("feeds", labels, names, feeds=arrays, source=str(path), info=info)
+
+
+_NPZ_HINT = (
+    "np.savez(path, x=inputs, y=labels), or one array per graph input: np.savez(path, input_ids=..., y=...)"
+)
+
+
+def _npz_labels(
+    path: Path, y: np.ndarray | None, label_names: np.ndarray | None, n: int, options: ReadOptions
+) -> tuple[list[int] | None, list[str]]:
+    if y is None:
+        if options.require_labels:
+            raise DatasetError(f"{path}: needs labels in an array 'y'", hint=_NPZ_HINT)
+        return None, []
+    y = y.reshape(-1)
+    if len(y) != n:
+        raise DatasetError(f"{path}: the inputs have {n} rows but 'y' has {len(y)} labels")
+    labels, names = encode_labels(y.tolist(), str(path), min_classes=options.min_classes)
+    if label_names is not None and len(label_names) == len(names):
+        names = [str(v) for v in label_names]
+    return labels, names
 
 
 # --- image folder ----------------------------------------------------------------------------------
@@ -184,13 +244,21 @@ def _is_image_folder(spec: str) -> bool:
     return path.is_dir()
 
 
+def _images_in(folder: Path) -> list[Path]:
+    return sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+
+
 @register_reader("image_folder", _is_image_folder)
 def _read_image_folder(spec: str, options: ReadOptions) -> Dataset:
     root = Path(spec)
+    flat = _images_in(root)
+    if flat and not options.require_labels:  # a plain folder of images: inputs without labels
+        images, info = _load_images(flat, [str(f) for f in flat])
+        return Dataset("image", None, [], images=images, source=str(root), info={"format": "images", **info})
     files: list[Path] = []
     raw: list[str] = []
     for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        found = sorted(f for f in sub.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+        found = _images_in(sub)
         if not found:
             log.warning("%s: no images, class skipped", sub)
         files.extend(found)
@@ -200,7 +268,7 @@ def _read_image_folder(spec: str, options: ReadOptions) -> Dataset:
             f"{root}: no images found",
             hint=f"an image folder has one sub-folder per class holding {', '.join(IMAGE_SUFFIXES)} files",
         )
-    labels, names = encode_labels(raw, str(root))
+    labels, names = encode_labels(raw, str(root), min_classes=options.min_classes)
     images, info = _load_images(files, [str(f) for f in files])
     return Dataset(
         "image", labels, names, images=images, source=str(root), info={"format": "image_folder", **info}
@@ -347,7 +415,7 @@ def _read_table(spec: str, options: ReadOptions) -> Dataset:
     if not rows:
         raise DatasetError(f"{path}: has a header but no rows" if header else f"{path}: is empty")
     label_col = _pick_column(header, options.label_column, LABEL_COLUMNS, "label", path)
-    if label_col is None:
+    if label_col is None and options.require_labels:
         raise DatasetError(
             f"{path}, line 1: no label column found among {header}",
             hint=f"name it one of {', '.join(LABEL_COLUMNS)} or pass --label_column",
@@ -363,7 +431,7 @@ def _read_table(spec: str, options: ReadOptions) -> Dataset:
                 hint=f"name it one of {', '.join(TEXT_COLUMNS + IMAGE_COLUMNS)} or pass --text_column",
             )
         input_col = others[0]
-    return _table_dataset(path, rows, input_col, label_col)
+    return _table_dataset(path, rows, input_col, label_col, options)
 
 
 def _cell(row: Row, column: str, role: str, path: Path) -> str:
@@ -375,10 +443,15 @@ def _cell(row: Row, column: str, role: str, path: Path) -> str:
     return str(value)
 
 
-def _table_dataset(path: Path, rows: list[Row], input_col: str, label_col: str) -> Dataset:
+def _table_dataset(
+    path: Path, rows: list[Row], input_col: str, label_col: str | None, options: ReadOptions
+) -> Dataset:
     values = [_cell(r, input_col, "input", path) for r in rows]
-    raw_labels = [_cell(r, label_col, "label", path) for r in rows]
-    labels, names = encode_labels(raw_labels, str(path), [r[0] for r in rows])
+    labels: list[int] | None = None
+    names: list[str] = []
+    if label_col is not None:
+        raw_labels = [_cell(r, label_col, "label", path) for r in rows]
+        labels, names = encode_labels(raw_labels, str(path), [r[0] for r in rows], options.min_classes)
     info: dict[str, Any] = {"format": path.suffix.lower().lstrip("."), "label_column": label_col}
     if all(v.lower().endswith(IMAGE_SUFFIXES) for v in values):
         files = [Path(v) if Path(v).is_absolute() else path.parent / v for v in values]

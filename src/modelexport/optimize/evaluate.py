@@ -48,16 +48,24 @@ def time_session(
     return times[len(times) // 2]
 
 
-def _cosine(a: Any, b: Any) -> float:
+def _row_cosines(a: Any, b: Any) -> list[float]:
+    """Cosine of each example's output (row of the batch axis), int8 vs fp32."""
     import numpy as np
 
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    denom = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(a @ b / denom) if denom else 1.0
+    out = []
+    for u, v in zip(
+        a.astype(np.float64).reshape(len(a), -1), b.astype(np.float64).reshape(len(b), -1), strict=True
+    ):
+        denom = float(np.linalg.norm(u) * np.linalg.norm(v))
+        out.append(float(u @ v / denom) if denom else 1.0)
+    return out
 
 
 def compare_models(reference: Any, candidate: Any, samples: SampleSet) -> dict[str, Any]:
-    """Agreement of the first output (argmax for logits, cosine otherwise), accuracy with labels, latency ratio."""
+    """Agreement of the first output (argmax for logits, cosine otherwise), accuracy with labels, latency ratio.
+
+    Feeds may hold batches (padded per batch); every statistic is per example.
+    """
     import numpy as np
 
     ref, t_ref = run_samples(reference, samples)
@@ -69,20 +77,19 @@ def compare_models(reference: Any, candidate: Any, samples: SampleSet) -> dict[s
         "max_abs_diff": float(
             max(np.max(np.abs(x.astype(np.float64) - y)) for x, y in zip(a, b, strict=True))
         ),
-        "mean_cosine": float(np.mean([_cosine(x, y) for x, y in zip(a, b, strict=True)])),
+        "mean_cosine": float(np.mean([c for x, y in zip(a, b, strict=True) for c in _row_cosines(x, y)])),
         "latency_fp32_ms": round(t_ref * 1e3, 4),
         "latency_quantized_ms": round(t_cand * 1e3, 4),
         "speedup": round(t_ref / t_cand, 3) if t_cand else None,
     }
     if a[0].ndim == 2 and a[0].shape[-1] > 1:  # logits: compare decisions
-        pa = [int(x.argmax(-1)[0]) for x in a]
-        pb = [int(y.argmax(-1)[0]) for y in b]
-        out["agreement"] = float(np.mean([x == y for x, y in zip(pa, pb, strict=True)]))
+        pa = np.concatenate([x.argmax(-1) for x in a])
+        pb = np.concatenate([y.argmax(-1) for y in b])
+        out["agreement"] = float(np.mean(pa == pb))
         if samples.labels is not None:
-            out["accuracy_fp32"] = float(np.mean([p == lb for p, lb in zip(pa, samples.labels, strict=True)]))
-            out["accuracy_quantized"] = float(
-                np.mean([p == lb for p, lb in zip(pb, samples.labels, strict=True)])
-            )
+            labels = np.asarray(samples.labels)
+            out["accuracy_fp32"] = float(np.mean(pa == labels))
+            out["accuracy_quantized"] = float(np.mean(pb == labels))
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import io
 import logging
 import os
 import tempfile
@@ -23,7 +24,7 @@ from typing import Any
 from .._io import atomic_path, onnx_weight_bytes
 from ..errors import ConfigError, OnnxFileError, OptimizationError
 from ..hierarchy.tags import TAG_KEY
-from .calibration import SampleSet, load_samples
+from .calibration import SampleSet, calibration_reader, load_samples
 from .carry import carry_metadata, read_sidecar, write_sidecar
 from .config import QuantizeConfig
 from .retag import retag, tag_coverage
@@ -103,42 +104,12 @@ def _dynamic(
     )
 
 
-class _Reader:
-    """``CalibrationDataReader`` over batch-1 feeds, with a progress bar."""
-
-    def __init__(self, samples: SampleSet, progress: bool) -> None:
-        from tqdm.auto import tqdm
-
-        self._feeds = samples.feeds
-        self._iter = iter(self._feeds)
-        self._bar = tqdm(
-            total=len(samples), desc="calibrating", unit="sample", disable=not progress, leave=False
-        )
-
-    def get_next(self) -> dict[str, Any] | None:
-        feed = next(self._iter, None)
-        if feed is None:
-            self._bar.close()
-        else:
-            self._bar.update(1)
-        return feed
-
-    def rewind(self) -> None:
-        """Start over (multi-pass calibrators read the data more than once)."""
-        self._iter = iter(self._feeds)
-
-
 @register_mode("static")
 def _static(
     model: Path, out: Path, cfg: QuantizeConfig, exclude: list[str], samples: SampleSet | None
 ) -> None:
     """Weights and activations int8 (QDQ format), ranges calibrated on real samples."""
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        quantize_static,
-    )
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
 
     if samples is None or not len(samples):
         raise ConfigError(
@@ -150,20 +121,24 @@ def _static(
         "entropy": CalibrationMethod.Entropy,
         "percentile": CalibrationMethod.Percentile,
     }[cfg.calibrate_method]
-    reader = type("Reader", (_Reader, CalibrationDataReader), {})(samples, cfg.progress)
-    quantize_static(
-        model,
-        out,
-        reader,
-        quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=list(cfg.op_types) or None,
-        per_channel=cfg.per_channel,
-        reduce_range=cfg.reduce_range,
-        activation_type=_qtype(cfg.activation_type),
-        weight_type=_qtype(cfg.weight_type),
-        nodes_to_exclude=exclude or None,
-        calibrate_method=method,
-    )
+    reader, extra_options = calibration_reader(samples, cfg.progress)
+    printed = io.StringIO()  # ORT's calibrators print once per feed; stdout is for results (--format json)
+    with contextlib.redirect_stdout(printed):
+        quantize_static(
+            model,
+            out,
+            reader,
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=list(cfg.op_types) or None,
+            per_channel=cfg.per_channel,
+            reduce_range=cfg.reduce_range,
+            activation_type=_qtype(cfg.activation_type),
+            weight_type=_qtype(cfg.weight_type),
+            nodes_to_exclude=exclude or None,
+            calibrate_method=method,
+            extra_options=extra_options,
+        )
+    log.debug("quantize_static printed:\n%s", printed.getvalue())
 
 
 def load_onnx(path: str | Path) -> Any:
