@@ -17,8 +17,9 @@ import pytest
 from modelexport.cli.app import main
 from modelexport.data import load_dataset
 from modelexport.errors import DatasetError
+from modelexport.inference.feeds import dataset_samples
 from modelexport.inference.processors import ONNXAutoProcessor
-from modelexport.optimize.calibration import dataset_samples, load_samples
+from modelexport.optimize.calibration import load_samples
 from modelexport.optimize.quantization import QDQ_OPS, load_onnx
 from modelexport.runtime.session import create_session
 from tests.optimize.conftest import bert_feeds

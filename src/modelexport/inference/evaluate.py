@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,8 @@ from ..errors import DatasetError, TestTimeError
 from ..onnxfile import resolve_model_path
 from ..testtime.engine import TestTimeEngine
 from ..testtime.policy import TestTimePolicy
-from .processors import ONNXAutoProcessor
+from .feeds import dataset_samples
+from .processors import BaseONNXProcessor, ONNXAutoProcessor
 
 __all__ = ["EvaluationResult", "evaluate"]
 
@@ -54,24 +56,26 @@ class EvaluationResult:
 
 
 def _prepare(
-    dataset: Any, model: str | os.PathLike[str], engine: TestTimeEngine, batch_size: int
-) -> tuple[list[Any], Any]:
-    labels = np.asarray(dataset.labels, dtype=np.int64)
-    if dataset.kind == "tensor":
-        xs = np.asarray(dataset.x)
-        if xs.dtype == np.float64:
-            xs = xs.astype(np.float32)
+    dataset: Dataset, model: Path, batch_size: int
+) -> tuple[list[tuple[Any, np.ndarray]], BaseONNXProcessor]:
+    """(batches of model feeds -- raw strings for text, so text TTA can augment them -- and class ids).
+
+    Labels are the model's class ids (word labels through its ``id2label``); feeds come from the one
+    dataset -> feeds path (:func:`dataset_samples`), the same as calibration and ``--eval-data``.
+    """
+    sources = ONNXAutoProcessor.sources(model)
+    if dataset.kind == "text":
+        processor = ONNXAutoProcessor.from_sources(sources)
+        labels = np.asarray(dataset.class_ids(sources.model_config.get("id2label")), dtype=np.int64)
+        texts = list(dataset.texts)
         return [
-            ({engine.input_name: xs[i : i + batch_size]}, labels[i : i + batch_size])
-            for i in range(0, len(labels), batch_size)
-        ], None
-    processor = ONNXAutoProcessor.from_model(model)
-    items = list(dataset.texts if dataset.kind == "text" else dataset.images)
-    out = []
-    for i in range(0, len(labels), batch_size):
-        chunk = items[i : i + batch_size]
-        out.append((chunk if dataset.kind == "text" else processor(images=chunk), labels[i : i + batch_size]))
-    return out, processor
+            (texts[i : i + batch_size], labels[i : i + batch_size]) for i in range(0, len(labels), batch_size)
+        ], processor
+    samples = dataset_samples(dataset, sources, len(dataset), batch_size=batch_size)
+    labels = np.asarray(samples.labels, dtype=np.int64)
+    bounds = np.cumsum([0] + [len(next(iter(f.values()))) for f in samples.feeds])
+    batches = [(f, labels[a:b]) for f, a, b in zip(samples.feeds, bounds[:-1], bounds[1:], strict=True)]
+    return batches, BaseONNXProcessor(sources.inputs)
 
 
 def _measure(
@@ -140,7 +144,7 @@ def evaluate(
     results: list[EvaluationResult] = []
     for pol, tm in runs:
         engine = TestTimeEngine(path, pol, providers, torch_model=tm)
-        batches, processor = _prepare(dataset, path, engine, batch_size)
+        batches, processor = _prepare(dataset, path, batch_size)
         measured = _measure(engine, batches, processor, dataset.num_classes)
         results.append(
             EvaluationResult(

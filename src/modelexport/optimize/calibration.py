@@ -1,122 +1,27 @@
-"""Dataset -> feeds for ORT calibration and for the int8 vs fp32 comparison.
+"""Calibration and ``--eval-data`` files -> feeds for ORT's calibrators and the int8 vs fp32 comparison.
 
 Data is read by :func:`modelexport.data.load_dataset` (the one reader stack: tables, image folders, the
-one ``.npz`` convention, labels as words or ids, labels optional here). Examples become feeds through the
-model's own processor (:class:`~modelexport.inference.processors.ONNXAutoProcessor`): texts are tokenized
-one batch at a time (padded to the batch's longest, or to the graph's fixed length), images go through its
-image processor, arrays are cast to the graph's dtypes. ORT reads the feeds with :class:`FeedReader`, one
-batch per calibration step, so batches of different shapes never meet in one array.
+one ``.npz`` convention, labels as words or ids, labels optional here) and becomes feeds through
+:func:`modelexport.inference.feeds.dataset_samples` (the model's own processor). ORT reads the feeds with
+:class:`FeedReader`, one batch per calibration step, so batches of different shapes never meet in one array.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..data import Dataset, load_dataset
-from ..errors import ConfigError, DatasetError, MetadataError
-from ..inference.processors import BaseONNXProcessor, ONNXAutoProcessor, ProcessorSources
+from ..data import load_dataset
+from ..errors import ConfigError, DatasetError
+from ..inference.feeds import SampleSet, dataset_samples
+from ..inference.processors import ONNXAutoProcessor
 from .carry import model_metadata, read_sidecar
 
-__all__ = [
-    "FEEDERS",
-    "FeedReader",
-    "SampleSet",
-    "calibration_reader",
-    "dataset_samples",
-    "find_model_dir",
-    "load_samples",
-    "register_feeder",
-]
+__all__ = ["FeedReader", "calibration_reader", "find_model_dir", "load_samples"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SampleSet:
-    """Feeds (input name -> array), one per batch, and the examples' integer labels when the data has them."""
-
-    feeds: list[dict[str, Any]]
-    labels: list[int] | None = None
-    kind: str = ""
-    notes: list[str] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        """Examples (not batches): what ``--calibration-samples`` counts."""
-        return sum(len(next(iter(f.values()))) if f else 0 for f in self.feeds)
-
-
-class _Model:
-    """The model side of the feeds: its graph inputs, and its processor built on first use (texts, images)."""
-
-    def __init__(self, sources: ProcessorSources) -> None:
-        self.sources = sources
-        self.inputs = BaseONNXProcessor(sources.inputs)
-        self._processor: BaseONNXProcessor | None = None
-
-    @property
-    def processor(self) -> BaseONNXProcessor:
-        if self._processor is None:
-            try:
-                self._processor = ONNXAutoProcessor.from_sources(self.sources)
-            except MetadataError as exc:
-                raise ConfigError(
-                    f"the data needs the model's processor: {exc}",
-                    hint="pass --tokenizer MODEL_DIR (the Hugging Face folder the model was exported from)",
-                ) from exc
-        return self._processor
-
-
-Feeder = Callable[[Dataset, _Model], dict[str, np.ndarray]]
-#: Dataset kind -> how one batch of it becomes feeds.
-FEEDERS: dict[str, Feeder] = {}
-
-
-def register_feeder(kind: str) -> Callable[[Feeder], Feeder]:
-    def deco(fn: Feeder) -> Feeder:
-        FEEDERS[kind] = fn
-        return fn
-
-    return deco
-
-
-@register_feeder("text")
-def _texts(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
-    return model.processor(texts=batch.texts)
-
-
-@register_feeder("image")
-def _images(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
-    return model.processor(images=batch.images)
-
-
-@register_feeder("tensor")
-def _tensor(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
-    names = [i.name for i in model.inputs.inputs]
-    if len(names) != 1:
-        raise DatasetError(
-            f"{batch.source}: 'x' feeds a single-input model; this one has inputs {names}",
-            hint="save one array per input, named after it: np.savez(path, " + "=..., ".join(names) + "=...)",
-        )
-    return model.inputs.cast({names[0]: batch.x})  # type: ignore[dict-item]
-
-
-@register_feeder("feeds")
-def _named(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
-    arrays = batch.feeds or {}
-    optional = {"token_type_ids"} if "input_ids" in arrays else set()
-    missing = [i.name for i in model.inputs.inputs if i.name not in arrays and i.name not in optional]
-    if missing:
-        raise DatasetError(
-            f"{batch.source}: no array for model input(s) {missing}; the file has {sorted(arrays)}",
-            hint="name the .npz arrays after the graph inputs (or use 'x' for a single-input model)",
-        )
-    return model.inputs.cast(arrays)
 
 
 def find_model_dir(onnx_path: Path | None, explicit: str | None = None) -> Path | None:
@@ -136,39 +41,6 @@ def find_model_dir(onnx_path: Path | None, explicit: str | None = None) -> Path 
     if source and Path(str(source)).is_dir():
         return Path(str(source))
     return None
-
-
-def _batches(n: int, batch_size: int, fixed: int | None) -> list[list[int]]:
-    """Example indices per batch; a graph with a fixed batch gets full batches (the last one wraps around)."""
-    size = fixed or batch_size
-    out = [list(range(i, min(i + size, n))) for i in range(0, n, size)]
-    if fixed and out and len(out[-1]) < fixed:
-        out[-1] += [i % n for i in range(fixed - len(out[-1]))]
-    return out
-
-
-def dataset_samples(
-    dataset: Dataset, sources: ProcessorSources, limit: int, *, seed: int = 0, batch_size: int = 1
-) -> SampleSet:
-    """Up to ``limit`` examples of ``dataset`` (seeded draw) as feeds of ``batch_size`` examples each.
-
-    Labels become the model's class ids (words through its ``id2label``), so accuracy compares like with like.
-    Calibration and ``--eval-data`` use ``batch_size=1``: a padded position puts the attention mask's
-    dtype-minimum scores into the activation ranges (entropy calibration then fails to bin them).
-    """
-    if dataset.kind not in FEEDERS:
-        raise DatasetError(
-            f"{dataset.source}: no feeds for {dataset.kind} data (known: {', '.join(FEEDERS)})"
-        )
-    chosen = dataset.sample(limit, seed)
-    model = _Model(sources)
-    feed = FEEDERS[chosen.kind]
-    fixed = model.inputs.fixed_batch if model.inputs.inputs else None
-    batches = _batches(len(chosen), batch_size, fixed)
-    feeds = [feed(chosen.subset(idx), model) for idx in batches]
-    ids = chosen.class_ids(sources.model_config.get("id2label"))
-    labels = None if ids is None else [ids[i] for idx in batches for i in idx]
-    return SampleSet(feeds, labels, chosen.kind)
 
 
 def load_samples(

@@ -12,8 +12,8 @@ from collections import defaultdict
 from typing import Any
 
 from ..hierarchy.tags import TAG_KEY
+from ..inference.feeds import SampleSet
 from ..runtime.session import create_session
-from .calibration import SampleSet
 
 __all__ = ["compare_models", "module_error_report", "run_samples", "time_session"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._io import write_json
-from .calibration import SampleSet
+from ..inference.feeds import SampleSet
 from .carry import remap_sidecar, sidecar_path
 from .config import QuantizeConfig
 from .quantization import quantize_proto, save_onnx

@@ -24,7 +24,8 @@ from typing import Any
 from .._io import atomic_path, onnx_weight_bytes
 from ..errors import ConfigError, OnnxFileError, OptimizationError
 from ..hierarchy.tags import TAG_KEY
-from .calibration import SampleSet, calibration_reader, load_samples
+from ..inference.feeds import SampleSet
+from .calibration import calibration_reader, load_samples
 from .carry import carry_metadata, read_sidecar, write_sidecar
 from .config import QuantizeConfig
 from .retag import retag, tag_coverage

@@ -13,16 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from tqdm.auto import tqdm
 
 from .._io import write_json
 from ..data import Dataset
+from ..inference.feeds import SampleSet, dataset_samples
 from ..metadata import write_metadata
 from ..metadata.schema import KEY_TEST_TIME_POLICY
 from ..onnxfile import record_deployed_model
-from ..optimize.calibration import SampleSet
 from ..optimize.quantization import quantize
 from ..runtime.session import available_providers, resolve_providers
 from ..testtime.policy import TestTimePolicy
@@ -190,7 +189,7 @@ class PipelineRun:
                 "val_accuracy_quantized": None,
             }
         out = staging / cfg.quantized_file.name  # type: ignore[union-attr]
-        samples = self._calibration(program, train) if cfg.quantize == "static" else None
+        samples = self._calibration(fp32, train) if cfg.quantize == "static" else None
         self.say(
             "quantize",
             f"{cfg.quantize} int8 -> {out.name}"
@@ -210,11 +209,9 @@ class PipelineRun:
             "val_accuracy_quantized": acc,
         }
 
-    def _calibration(self, program: ClassifierProgram, train: Dataset, limit: int = 100) -> Any:
-        rng = np.random.default_rng(self.cfg.seed)
-        idx = rng.permutation(len(train))[:limit]
-        inputs = train.inputs
-        return SampleSet([program.network.encode([inputs[i]]) for i in idx], None, "training examples")
+    def _calibration(self, fp32: Path, train: Dataset, limit: int = 100) -> SampleSet:
+        """Training examples through the exported model's own processor (the path `quantize` uses)."""
+        return dataset_samples(train, ONNXAutoProcessor.sources(fp32), limit, seed=self.cfg.seed)
 
     def _policy(self, program: ClassifierProgram, deployed: Path, fp32: Path, val: Dataset) -> dict[str, Any]:
         cfg = self.cfg
