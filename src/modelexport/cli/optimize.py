@@ -54,7 +54,7 @@ def quantize_summary(result: Any) -> str:
 
 
 @click.command("quantize")
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=click.Path())
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .onnx file.")
 @click.option(
     "--mode",
@@ -172,7 +172,7 @@ def optimize_summary(result: Any) -> str:
 
 
 @click.command("optimize")
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", type=click.Path())
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .onnx file.")
 @click.option(
     "--level",

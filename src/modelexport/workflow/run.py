@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from .._io import write_json
 from ..data import Dataset
 from ..inference.feeds import SampleSet, dataset_samples
+from ..inference.processors import ONNXAutoProcessor
 from ..metadata import write_metadata
 from ..metadata.schema import KEY_TEST_TIME_POLICY
 from ..onnxfile import record_deployed_model
