@@ -14,11 +14,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError
 from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_POLICY
 from ..processors import BaseONNXProcessor
 
-__all__ = ["ONNXPipeline", "PIPELINES", "register_pipeline", "softmax", "sigmoid"]
+__all__ = ["ONNXPipeline", "PIPELINES", "register_pipeline", "sigmoid"]
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +35,6 @@ def register_pipeline(task: str) -> Callable[[type[ONNXPipeline]], type[ONNXPipe
         return cls
 
     return deco
-
-
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
