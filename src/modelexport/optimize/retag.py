@@ -16,10 +16,11 @@ Only ``metadata_props`` change. Nodes tagged by rules 2-4 get source ``inherited
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..hierarchy.tagger import propagate_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, node_key, set_node_tag
 
 __all__ = ["RetagResult", "retag", "tag_coverage"]
@@ -106,33 +107,6 @@ def _by_prefix(name: str, before: _Before) -> str | None:
     return before.tag_by_name.get(best) if best else None
 
 
-def _propagate(nodes: list[Any], tags: dict[int, str]) -> None:
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = defaultdict(list)
-    for i, node in enumerate(nodes):
-        for out in node.output:
-            producer[out] = i
-        for inp in node.input:
-            consumers[inp].append(i)
-    for downstream in (True, False):
-        changed = True
-        while changed:
-            changed = False
-            order = range(len(nodes) - 1, -1, -1) if downstream else range(len(nodes))
-            for i in order:
-                if i in tags:
-                    continue
-                node = nodes[i]
-                if downstream:
-                    near = {tags[c] for o in node.output for c in consumers.get(o, []) if c in tags}
-                else:
-                    near = {tags[producer[x]] for x in node.input if x in producer and producer[x] in tags}
-                found = common_ancestor(near)
-                if found:
-                    tags[i] = found
-                    changed = True
-
-
 def retag(before: Any, after: Any) -> RetagResult:
     """Give every node of ``after`` (a ModelProto, changed in place) a tag derived from ``before``."""
     ref = _index_before(before)
@@ -159,11 +133,12 @@ def retag(before: Any, after: Any) -> RetagResult:
         else:
             continue
         rules[rule] += 1
-    pending = [i for i in range(len(nodes)) if i not in tags]
-    _propagate(nodes, tags)
-    for i in pending:
-        rules["served" if i in tags else "root"] += 1
-        tags.setdefault(i, ref.root)
+    if served := propagate_tags(nodes, tags):
+        rules["served"] += len(served)
+    for i in range(len(nodes)):
+        if i not in tags:
+            rules["root"] += 1
+            tags[i] = ref.root
     for i, node in enumerate(nodes):
         set_node_tag(node, tags[i], sources.get(i, INHERITED))
     result.by_rule = dict(rules)
