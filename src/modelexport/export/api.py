@@ -16,6 +16,7 @@ from typing import Any
 
 from .._io import atomic_dir, onnx_weight_bytes, write_json, write_text
 from ..errors import ExportError, InputSpecError, TopologyMismatchError
+from ..hierarchy.sidecar import SIDECAR_NAME, build_sidecar
 from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
 from .capture import CaptureSettings, capture, training_modes
@@ -24,7 +25,6 @@ from .context import ExportContext, StageLog
 from .inputs import build_inputs
 from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for
-from .sidecar import SIDECAR_NAME, build_sidecar
 from .topology import compare_topology
 
 __all__ = ["ExportResult", "export", "PACKAGE_PASSES", "MODEL_FILE"]
