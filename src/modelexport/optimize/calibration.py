@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DatasetError
+from .carry import model_metadata, read_sidecar
 
 __all__ = [
     "SampleSet",
@@ -104,8 +105,6 @@ def find_model_dir(onnx_path: Path | None, explicit: str | None = None) -> Path 
     markers = ("tokenizer_config.json", "tokenizer.json", "preprocessor_config.json", "vocab.txt")
     if any((here / m).is_file() for m in markers):
         return here
-    from .carry import read_sidecar
-
     source = ((read_sidecar(onnx_path) or {}).get("model") or {}).get("name_or_path")
     if source and Path(str(source)).is_dir():
         return Path(str(source))
@@ -309,8 +308,6 @@ def load_samples(
             f"calibration/eval data not found: {path}",
             hint="check the path given to --calibration-data/--eval-data",
         )
-    from .carry import model_metadata
-
     metadata = model_metadata(model)
     ctx = ReadContext(
         model_inputs(model), Path(onnx_path) if onnx_path else None, metadata, limit, seed, tokenizer
