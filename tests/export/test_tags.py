@@ -7,8 +7,10 @@ from typing import Any
 
 import onnx
 import pytest
+from onnx import helper
 
 from modelexport.hierarchy import ModuleTree, TagRules
+from modelexport.hierarchy.tagger import propagate_tags
 from modelexport.hierarchy.tags import TAG_KEY, common_ancestor, parse_tag
 from tests.models.hf_models import tiny_hf_model
 from tests.models.torch_models import TORCH_MODELS, ReuseTwice, SmallCNN, TwoStages
@@ -121,3 +123,17 @@ def test_propagated_nodes_take_their_consumers_common_ancestor(export_cache: Any
     assert propagated, "torchscript leaves unscoped nodes to propagate"
     assert all(n["module"] is None for n in propagated)
     assert any(n["tag"] != "/BertModel" for n in propagated), "propagation should reach below the root"
+
+
+@pytest.mark.sanity
+def test_propagation_goes_to_consumers_first_then_producers() -> None:
+    nodes = [
+        helper.make_node("Constant", [], ["c"]),  # feeds A and B: their common ancestor
+        helper.make_node("MatMul", ["x", "c"], ["a"]),  # /M/A
+        helper.make_node("MatMul", ["a", "c"], ["b"]),  # /M/B
+        helper.make_node("Relu", ["b"], ["r"]),  # no consumer: its producer's tag
+        helper.make_node("Identity", ["z"], ["island"]),  # no tagged neighbour: left for the caller
+    ]
+    tags = {1: "/M/A", 2: "/M/B"}
+    assert sorted(propagate_tags(nodes, tags)) == [0, 3]
+    assert tags == {0: "/M", 1: "/M/A", 2: "/M/B", 3: "/M/B"}

@@ -97,3 +97,37 @@ def test_usage_errors_exit_2(tiny_bert_onnx: Path, tmp_path: Path) -> None:
         == 2
     )
     assert main(["optimize", str(tiny_bert_onnx)]) == 2
+
+
+@pytest.mark.smoke
+def test_presets_on_the_command_line(
+    tiny_bert_onnx: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["optimize", str(tiny_bert_onnx), "-o", str(tmp_path / "o.onnx"), "-O3", "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    settings = data["settings"]
+    assert code == 0 and data["coverage"]["coverage_pct"] == 100.0
+    assert (settings["preset_name"], settings["level"], settings["approximate_gelu"]) == (
+        "O3",
+        "extended",
+        True,
+    )
+    assert data["passes"][-1]["stats"]["fused"].get("FastGelu")
+    code = main(
+        [
+            "quantize",
+            str(tiny_bert_onnx),
+            "-o",
+            str(tmp_path / "q.onnx"),
+            "--preset",
+            "avx2",
+            "--format",
+            "json",
+        ]
+    )
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert code == 0 and (settings["preset_name"], settings["weight_type"], settings["per_channel"]) == (
+        "avx2",
+        "uint8",
+        True,
+    )

@@ -14,7 +14,8 @@ from modelexport.errors import ConfigError, DatasetError, OnnxFileError
 from modelexport.hierarchy.tags import TAG_KEY
 from modelexport.inference.feeds import FEEDERS
 from modelexport.metadata import read_metadata
-from modelexport.optimize.quantization import QDQ_OPS, QUANT_MODES, QUANT_OPS, quantize
+from modelexport.optimize.config import QUANT_MODES
+from modelexport.optimize.quantization import QDQ_OPS, QUANT_OPS, quantize
 from modelexport.runtime.session import create_session
 from tests.optimize.conftest import bert_feeds
 

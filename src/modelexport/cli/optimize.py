@@ -7,6 +7,18 @@ from typing import Any
 
 import click
 
+from ..optimize.config import (
+    CALIBRATE_METHODS,
+    OPTIMIZE_PRESETS,
+    QUANT_MODES,
+    WEIGHT_TYPES,
+    OptimizeConfig,
+    QuantizeConfig,
+)
+from ..optimize.graph import optimize_model
+from ..optimize.quantization import quantize
+from ..runtime.session import GRAPH_LEVEL_ALIASES, GRAPH_LEVELS
+
 __all__ = ["quantize_cmd", "optimize_cmd"]
 
 
@@ -57,10 +69,17 @@ def quantize_summary(result: Any) -> str:
 @click.argument("model", type=click.Path())
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .onnx file.")
 @click.option(
+    "--preset",
+    type=click.Choice(QuantizeConfig.preset_names()),
+    default=None,
+    help="Start from a named config: a mode, or a CPU target (arm64, avx2, avx512, avx512_vnni; like Optimum's "
+    "AutoQuantizationConfig) or tensorrt; the options below override it.",
+)
+@click.option(
     "--mode",
-    type=click.Choice(["dynamic", "static"]),
-    default="dynamic",
-    show_default=True,
+    type=click.Choice(list(QUANT_MODES)),
+    default=None,
+    show_default="dynamic",
     help="dynamic: int8 weights, activations at run time; static: QDQ int8 calibrated on --calibration-data.",
 )
 @click.option(
@@ -76,7 +95,7 @@ def quantize_summary(result: Any) -> str:
 )
 @click.option(
     "--calibrate-method",
-    type=click.Choice(["minmax", "entropy", "percentile"]),
+    type=click.Choice(list(CALIBRATE_METHODS)),
     default="minmax",
     show_default=True,
     help="How activation ranges are computed from the calibration data (static mode).",
@@ -87,19 +106,30 @@ def quantize_summary(result: Any) -> str:
     default=None,
     help="Folder with the tokenizer/processor (default: beside the model, or the exported source folder).",
 )
-@click.option("--per-channel", is_flag=True, help="One scale per output channel of each weight.")
+@click.option(
+    "--per-channel/--no-per-channel",
+    default=None,
+    show_default="per tensor",
+    help="One scale per output channel of each weight.",
+)
+@click.option(
+    "--reduce-range/--no-reduce-range",
+    default=None,
+    show_default="off",
+    help="7-bit weights (for CPUs without VNNI, where 8-bit products can saturate).",
+)
 @click.option(
     "--weight-type",
-    type=click.Choice(["int8", "uint8"]),
-    default="int8",
-    show_default=True,
+    type=click.Choice(list(WEIGHT_TYPES)),
+    default=None,
+    show_default="int8",
     help="Integer type of quantized weights.",
 )
 @click.option(
     "--activation-type",
-    type=click.Choice(["int8", "uint8"]),
-    default="int8",
-    show_default=True,
+    type=click.Choice(list(WEIGHT_TYPES)),
+    default=None,
+    show_default="int8",
     help="Integer type of quantized activations (static mode).",
 )
 @click.option(
@@ -140,17 +170,16 @@ def quantize_summary(result: Any) -> str:
     show_default=True,
     help="Summary format.",
 )
-def quantize_cmd(model: str, output: str, **opts: Any) -> int:
+def quantize_cmd(model: str, output: str, preset: str | None, **opts: Any) -> int:
     """int8-quantize MODEL; hierarchy tags, metadata and the sidecar are carried to the output."""
-    from ..optimize.config import QuantizeConfig
-    from ..optimize.quantization import quantize
-
     fmt = opts.pop("fmt")
     run = {k: opts.pop(k) for k in ("eval_data", "eval_samples", "error_report")}
     opts["preprocess"] = not opts.pop("no_preprocess")
     opts["exclude_modules"] = tuple(opts["exclude_modules"])
     opts["progress"] = fmt == "text"
-    result = quantize(model, output, QuantizeConfig(**opts), **run)
+    base = QuantizeConfig.preset(preset) if preset else QuantizeConfig()
+    config = base.with_changes(**{k: v for k, v in opts.items() if v is not None})
+    result = quantize(model, output, config, **run)
     click.echo(
         json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else quantize_summary(result)
     )
@@ -163,9 +192,10 @@ def optimize_summary(result: Any) -> str:
         f"  size: {_mb(result.size_before)} -> {_mb(result.size_after)}; hierarchy tags on {result.coverage['coverage_pct']}%",
     ]
     for p in result.passes:
-        stats = ", ".join(f"{k} {v}" for k, v in p.stats.items() if k not in ("warning", "note"))
+        pass_stats = p.record.get("stats", {})
+        stats = ", ".join(f"{k} {v}" for k, v in pass_stats.items() if k not in ("warning", "note"))
         lines.append(f"  {p.name}: {p.nodes_before} -> {p.nodes_after} nodes ({stats})")
-        lines += [f"    {k}: {p.stats[k]}" for k in ("warning", "note") if k in p.stats]
+        lines += [f"    {k}: {pass_stats[k]}" for k in ("warning", "note") if k in pass_stats]
     if result.op_changes:
         lines.append("  op changes: " + ", ".join(f"{op} {n:+d}" for op, n in result.op_changes.items()))
     return "\n".join(lines)
@@ -175,14 +205,30 @@ def optimize_summary(result: Any) -> str:
 @click.argument("model", type=click.Path())
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .onnx file.")
 @click.option(
+    "--preset",
+    type=click.Choice(list(OPTIMIZE_PRESETS)),
+    default=None,
+    help="Optimization level like Optimum's: O1 basic graph optimizations; O2 extended + transformer "
+    "fusions; O3 + approximate Gelu; O4 + float16 (GPU). The options below add to it.",
+)
+@click.option("-O1", "preset", flag_value="O1", help="Same as --preset O1.")
+@click.option("-O2", "preset", flag_value="O2", help="Same as --preset O2.")
+@click.option("-O3", "preset", flag_value="O3", help="Same as --preset O3.")
+@click.option("-O4", "preset", flag_value="O4", help="Same as --preset O4.")
+@click.option(
     "--level",
-    type=click.Choice(["none", "basic", "extended", "all"]),
-    default="extended",
-    show_default=True,
-    help="ONNX Runtime offline graph optimization level ('all' is specific to this CPU).",
+    type=click.Choice([*GRAPH_LEVELS, *GRAPH_LEVEL_ALIASES]),
+    default=None,
+    show_default="extended",
+    help="ONNX Runtime offline graph optimization level ('none' = 'disable'; 'all' is specific to this CPU).",
 )
 @click.option(
     "--transformer-fusion", is_flag=True, help="Attention/LayerNorm/GELU fusions (onnxruntime.transformers)."
+)
+@click.option(
+    "--approximate-gelu",
+    is_flag=True,
+    help="With --transformer-fusion: Gelu -> FastGelu (tanh approximation).",
 )
 @click.option(
     "--model-type",
@@ -212,12 +258,11 @@ def optimize_summary(result: Any) -> str:
     show_default=True,
     help="Summary format.",
 )
-def optimize_cmd(model: str, output: str, fmt: str, **opts: Any) -> int:
+def optimize_cmd(model: str, output: str, fmt: str, preset: str | None, **opts: Any) -> int:
     """Optimize MODEL's graph; fused nodes are tagged with the common module of what they replaced."""
-    from ..optimize.config import OptimizeConfig
-    from ..optimize.graph import optimize_model
-
-    result = optimize_model(model, output, OptimizeConfig(**opts))
+    base = OptimizeConfig.preset(preset) if preset else OptimizeConfig()
+    config = base.with_changes(**{k: v for k, v in opts.items() if v not in (None, False)})
+    result = optimize_model(model, output, config)
     click.echo(
         json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else optimize_summary(result)
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._io import atomic_dir, onnx_weight_bytes, write_json, write_text
 from ..errors import ExportError, InputSpecError, TopologyMismatchError
+from ..hierarchy.sidecar import SIDECAR_NAME, build_sidecar
 from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
 from ..metadata.embed import embed_metadata_pass, package_pass
@@ -26,7 +27,6 @@ from .inputs import build_inputs
 from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for
 from .report import render_export_report
-from .sidecar import SIDECAR_NAME, build_sidecar
 from .topology import compare_topology
 
 __all__ = ["ExportResult", "export", "PACKAGE_PASSES", "MODEL_FILE"]

@@ -9,14 +9,18 @@ neighbour at all gets the root tag. Only ``metadata_props`` change: the topology
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .scopes import module_path_for
 from .tags import TAG_KEY, common_ancestor, node_key, set_node_tag
 from .tree import ModuleTree
 
-__all__ = ["TaggingResult", "tag_model", "tensor_tags"]
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["TaggingResult", "propagate_tags", "tag_model", "tensor_tags"]
 
 
 @dataclass
@@ -44,40 +48,42 @@ class TaggingResult:
         }
 
 
-def _propagate(
-    graph: Any, keys: list[str], tags: dict[str, str], sources: dict[str, str], root_tag: str
-) -> None:
-    producer: dict[str, str] = {}
-    consumers: dict[str, list[str]] = defaultdict(list)
-    for key, node in zip(keys, graph.node, strict=True):
+def propagate_tags(nodes: Sequence[onnx.NodeProto], tags: dict[int, str]) -> list[int]:
+    """Tag untagged nodes (by index into ``nodes``) from their neighbours; returns the indices it tagged.
+
+    First downstream to a fixed point: a node takes the deepest common ancestor of its consumers'
+    tags (a constant or cast belongs to the module that uses it). Then upstream: the rest take the
+    common ancestor of their producers'. Nodes with no tagged neighbour stay untagged (the caller
+    decides: the root tag, or a count). The one propagation used by tagging and by re-tagging.
+    """
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = defaultdict(list)
+    for i, node in enumerate(nodes):
         for out in node.output:
             if out:
-                producer[out] = key
+                producer[out] = i
         for inp in node.input:
             if inp:
-                consumers[inp].append(key)
-    nodes = dict(zip(keys, graph.node, strict=True))
+                consumers[inp].append(i)
 
-    def neighbours(key: str, downstream: bool) -> list[str]:
-        node = nodes[key]
+    def near(i: int, downstream: bool) -> set[str]:
+        node = nodes[i]
         if downstream:
-            return [tags[c] for o in node.output for c in consumers.get(o, []) if c in tags]
-        return [tags[producer[i]] for i in node.input if i in producer and producer[i] in tags]
+            return {tags[c] for o in node.output for c in consumers.get(o, ()) if c in tags}
+        return {tags[producer[x]] for x in node.input if producer.get(x) in tags}
 
+    added: list[int] = []
     for downstream in (True, False):
         changed = True
         while changed:
             changed = False
-            for key in reversed(keys) if downstream else keys:  # visit in the direction tags flow
-                if key in tags:
-                    continue
-                found = common_ancestor(set(neighbours(key, downstream)))
-                if found:
-                    tags[key], sources[key] = found, "propagated"
+            order = range(len(nodes) - 1, -1, -1) if downstream else range(len(nodes))
+            for i in order:  # visit in the direction tags flow
+                if i not in tags and (found := common_ancestor(near(i, downstream))):
+                    tags[i] = found
+                    added.append(i)
                     changed = True
-    for key in keys:
-        if key not in tags:
-            tags[key], sources[key] = root_tag, "propagated"
+    return added
 
 
 def _tag_subgraphs(node: Any, tag: str) -> None:
@@ -95,19 +101,21 @@ def tag_model(model: Any, tree: ModuleTree, exporter: str) -> TaggingResult:
     paths = set(tree.modules)
     keys = [node_key(n, i) for i, n in enumerate(graph.node)]
     result = TaggingResult()
-    tags: dict[str, str] = {}
-    for key, node in zip(keys, graph.node, strict=True):
+    tags: dict[int, str] = {}
+    for i, (key, node) in enumerate(zip(keys, graph.node, strict=True)):
         result.op_types[key] = node.op_type
         path = module_path_for(exporter, node, paths)
         result.module_paths[key] = path
         if path is not None:
-            tags[key] = tree.tag_of(path)
+            tags[i] = tree.tag_of(path)
             result.sources[key] = "scope"
-    _propagate(graph, keys, tags, result.sources, tree.root_tag)
-    for key, node in zip(keys, graph.node, strict=True):
-        set_node_tag(node, tags[key], result.sources[key])
-        _tag_subgraphs(node, tags[key])
-    result.node_tags = tags
+    propagate_tags(graph.node, tags)
+    for i, (key, node) in enumerate(zip(keys, graph.node, strict=True)):
+        tag = tags.setdefault(i, tree.root_tag)  # no tagged neighbour at all: the root
+        result.sources.setdefault(key, "propagated")
+        set_node_tag(node, tag, result.sources[key])
+        _tag_subgraphs(node, tag)
+        result.node_tags[key] = tag
     return result
 
 

@@ -1,24 +1,32 @@
 """Optimize for inference: int8 quantization and graph optimization that keep tags and metadata.
 
-Every transform is a pass followed by :func:`retag` (tags restored from the graph before it), then
-metadata and the sidecar are carried over. Heavy dependencies load only when a pass runs.
+Every transform is a pass (``hierarchy.passes``: ModelProto -> PassResult) run inside
+:class:`Retagged` (tags restored from the graph before it), then metadata and the sidecar are
+carried over. Configs have named presets (``QuantizeConfig.preset("avx512_vnni")``,
+``OptimizeConfig.preset("O2")``). Heavy dependencies load only when a pass runs.
 """
 
 from __future__ import annotations
 
-from .config import OptimizeConfig, QuantizeConfig
-from .graph import GRAPH_PASSES, OptimizeResult, optimize_model
-from .quantization import QUANT_MODES, QuantizeResult, quantize
-from .retag import RetagResult, retag, tag_coverage
+from .config import OPTIMIZE_PRESETS, QUANT_MODES, QUANTIZE_PRESETS, OptimizeConfig, QuantizeConfig
+from .graph import GRAPH_PASSES, GraphPass, OptimizeResult, graph_passes, optimize_model
+from .quantization import QuantizeResult, quantize
+from .retag import Retagged, RetagPass, RetagResult, retag, tag_coverage
 
 __all__ = [
     "GRAPH_PASSES",
+    "OPTIMIZE_PRESETS",
+    "QUANTIZE_PRESETS",
     "QUANT_MODES",
+    "GraphPass",
     "OptimizeConfig",
     "OptimizeResult",
     "QuantizeConfig",
     "QuantizeResult",
+    "RetagPass",
     "RetagResult",
+    "Retagged",
+    "graph_passes",
     "optimize_model",
     "quantize",
     "retag",

@@ -9,15 +9,22 @@ write a sidecar beside the output whose node map describes the new graph.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import write_json
 from .._version import __version__
+from ..hierarchy.passes import PassResult
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
+from ..metadata import read_metadata, update_metadata
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
+    "CarryMetadata",
     "carry_metadata",
     "model_metadata",
     "sidecar_path",
@@ -39,20 +46,28 @@ def carry_metadata(before: Any, after: Any, record_key: str, record: dict[str, A
     after.ClearField("metadata_props")
     set_props(after, carried)
     record = json.loads(json.dumps(record, default=str))  # plain JSON types only
-    try:
-        from ..metadata import update_metadata
-    except ImportError:  # metadata package absent: plain props, no checksum
-        set_props(after, {record_key: json.dumps(record, sort_keys=True)})
-    else:
-        update_metadata(after, {record_key: record}, verify=False)
+    update_metadata(after, {record_key: record}, verify=False)
     return sorted({p.key for p in after.metadata_props})
+
+
+@dataclass(frozen=True)
+class CarryMetadata:
+    """:func:`carry_metadata` as a pass: ``source``'s model metadata and ``record`` onto its input (in place)."""
+
+    source: onnx.ModelProto
+    record_key: str
+    record: dict[str, Any]
+    name = "carry_metadata"
+    in_place = True
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        keys = carry_metadata(self.source, model, self.record_key, self.record)
+        return PassResult(model, True, {"metadata_keys": keys})
 
 
 def model_metadata(model: Any) -> dict[str, Any]:
     """Decoded model-level metadata (``modelexport.metadata.read_metadata``), {} when unreadable."""
     try:
-        from ..metadata import read_metadata
-
         return read_metadata(model)
     except Exception:  # noqa: BLE001 - metadata is optional input here; a bad checksum must not block quantizing
         return {p.key: p.value for p in model.metadata_props}

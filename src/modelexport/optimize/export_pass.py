@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._io import write_json
+from ..hierarchy.sidecar import build_sidecar
 from ..inference.feeds import SampleSet
 from .carry import remap_sidecar, sidecar_path
 from .config import QuantizeConfig
@@ -19,8 +20,6 @@ __all__ = ["quantize_package_pass"]
 
 
 def _sidecar(ctx: Any) -> dict[str, Any]:
-    from ..export.sidecar import build_sidecar
-
     settings = ctx.extra.get("export_settings", {})
     return build_sidecar(ctx.model_proto, ctx.tree, ctx.tagging, settings, ctx.loaded.info())
 

@@ -1,10 +1,11 @@
 """Graph optimization that keeps hierarchy tags: ORT offline levels, transformer fusion, fp16, simplify.
 
-Every pass in ``GRAPH_PASSES`` takes a tagged ModelProto and returns a new one plus statistics.
-ONNX Runtime's offline optimizer and its transformer fusions drop node ``metadata_props`` (and the
-fp16 converter and onnxslim insert or rebuild nodes), so after each pass :func:`retag` matches the
-new graph against the previous one by node names and tensor edges: fused nodes get the deepest
-common ancestor of the tags of the nodes they replaced, coverage stays 100%.
+Every entry of ``GRAPH_PASSES`` takes a tagged ModelProto and returns a new one plus statistics;
+:class:`GraphPass` makes one a pass (``hierarchy.passes``) bound to a config. ONNX Runtime's offline
+optimizer and its transformer fusions drop node ``metadata_props`` (and the fp16 converter and
+onnxslim insert or rebuild nodes), so each runs inside :class:`Retagged`: the new graph is matched
+against the previous one by node names and tensor edges, fused nodes get the deepest common
+ancestor of the tags of the nodes they replaced, coverage stays 100%.
 """
 
 from __future__ import annotations
@@ -12,24 +13,28 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, OnnxFileError, OptimizationError
+from ..errors import ConfigError, OptimizationError
+from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
 from ..runtime.session import create_session
-from .carry import carry_metadata, model_metadata, read_sidecar, write_sidecar
+from .carry import CarryMetadata, model_metadata, read_sidecar, write_sidecar
 from .config import OptimizeConfig
 from .quantization import load_onnx, save_onnx
-from .retag import retag, tag_coverage
+from .retag import Retagged, tag_coverage
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "GRAPH_PASSES",
+    "GraphPass",
     "OptimizeResult",
-    "PassRecord",
+    "graph_passes",
     "register_pass",
     "optimize_model",
     "optimize_proto",
@@ -52,7 +57,7 @@ def register_pass(name: str, applies: Callable[[OptimizeConfig], bool]) -> Calla
     return deco
 
 
-@register_pass("ort", lambda c: c.level != "none")
+@register_pass("ort", lambda c: c.level != "disable")
 def ort_offline(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
     """ONNX Runtime's graph optimizer at ``cfg.level``, saved to a file (``optimized_model_filepath``)."""
     src, out = save_onnx(model, tmp / "ort_in.onnx"), tmp / "ort_out.onnx"
@@ -103,6 +108,7 @@ def fusion_model_types(model: Any, requested: str | None) -> list[str]:
 def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
     """Attention / LayerNorm / GELU fusions of ``onnxruntime.transformers.optimizer``."""
     from onnxruntime.transformers import optimizer
+    from onnxruntime.transformers.fusion_options import FusionOptions
 
     heads, hidden = hf_dims(model)
     heads, hidden = cfg.num_heads or heads, cfg.hidden_size or hidden
@@ -110,9 +116,16 @@ def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any,
     candidates = fusion_model_types(model, cfg.model_type)
     failed: dict[str, str] = {}
     for model_type in candidates:
+        options = FusionOptions(model_type)
+        options.enable_gelu_approximation = cfg.approximate_gelu
         try:
             opt = optimizer.optimize_model(
-                str(src), model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0
+                str(src),
+                model_type=model_type,
+                num_heads=heads,
+                hidden_size=hidden,
+                optimization_options=options,
+                opt_level=0,
             )
         except Exception as exc:  # noqa: BLE001 - recorded; the next family is tried, the last one re-raised
             failed[model_type] = f"{type(exc).__name__}: {exc}"[:200]
@@ -121,6 +134,8 @@ def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any,
             continue
         fused = {k: v for k, v in (opt.get_fused_operator_statistics() or {}).items() if v}
         stats = {"model_type": model_type, "num_heads": heads, "hidden_size": hidden, "fused": fused}
+        if cfg.approximate_gelu:
+            stats["approximate_gelu"] = True
         return opt.model, {**stats, "failed_model_types": failed} if failed else stats
     raise AssertionError("unreachable: the loop returns or re-raises")  # pragma: no cover
 
@@ -150,17 +165,24 @@ def simplify(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str,
     return onnxslim.slim(model), {"tool": f"onnxslim {getattr(onnxslim, '__version__', '')}".strip()}
 
 
-@dataclass
-class PassRecord:
-    name: str
-    nodes_before: int
-    nodes_after: int
-    seconds: float
-    stats: dict[str, Any]
-    retag: dict[str, Any]
+@dataclass(frozen=True)
+class GraphPass:
+    """The entry ``name`` of ``GRAPH_PASSES`` run with ``config``; its input is left untouched."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    name: str
+    config: OptimizeConfig
+    in_place = False
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        fn = GRAPH_PASSES[self.name][1]
+        with tempfile.TemporaryDirectory(prefix="modelexport-opt-") as tmp:
+            new, stats = fn(model, self.config, Path(tmp))
+        return PassResult(new, True, {"stats": stats})
+
+
+def graph_passes(cfg: OptimizeConfig) -> list[Pass]:
+    """The passes ``cfg`` asks for, in registration order, each re-tagged from its input."""
+    return [Retagged(GraphPass(name, cfg)) for name, (applies, _) in GRAPH_PASSES.items() if applies(cfg)]
 
 
 @dataclass
@@ -168,7 +190,7 @@ class OptimizeResult:
     input_path: Path | None
     output_path: Path | None
     config: OptimizeConfig
-    passes: list[PassRecord]
+    passes: list[PassStep]
     op_changes: dict[str, int]
     coverage: dict[str, Any]
     size_before: int = 0
@@ -195,34 +217,9 @@ def _ops(model: Any) -> Counter[str]:
     return Counter(n.op_type for n in model.graph.node)
 
 
-def optimize_proto(model: Any, cfg: OptimizeConfig) -> tuple[Any, list[PassRecord]]:
+def optimize_proto(model: onnx.ModelProto, cfg: OptimizeConfig) -> tuple[onnx.ModelProto, list[PassStep]]:
     """Run the applicable passes in order, re-tagging after each; the input proto is not changed."""
-    records: list[PassRecord] = []
-    current = model
-    with tempfile.TemporaryDirectory(prefix="modelexport-opt-") as tmp:
-        for name, (applies, fn) in GRAPH_PASSES.items():
-            if not applies(cfg):
-                continue
-            start = time.perf_counter()
-            try:
-                new, stats = fn(current, cfg, Path(tmp))
-            except (OptimizationError, OnnxFileError):
-                raise
-            except Exception as exc:  # noqa: BLE001 - ORT/onnxslim raise many types; name the pass
-                raise OptimizationError(f"graph pass {name!r} failed: {type(exc).__name__}: {exc}") from exc
-            result = retag(current, new)
-            records.append(
-                PassRecord(
-                    name,
-                    len(current.graph.node),
-                    len(new.graph.node),
-                    round(time.perf_counter() - start, 3),
-                    stats,
-                    result.to_dict(),
-                )
-            )
-            current = new
-    return current, records
+    return run_passes(model, graph_passes(cfg), wrap=lambda msg: OptimizationError(f"graph {msg}"))
 
 
 def optimize_model(
@@ -232,15 +229,14 @@ def optimize_model(
 
     ``options`` are :class:`OptimizeConfig` fields.
     """
-    cfg = OptimizeConfig(**{**(config.__dict__ if config else {}), **options})
+    cfg = (config or OptimizeConfig()).with_changes(**options)
     src, dst = Path(model_path), Path(output_path)
     if src.resolve() == dst.resolve():
-        from ..errors import ConfigError
-
         raise ConfigError(f"output {dst} would overwrite the input model", hint="choose another -o path")
     model = load_onnx(src)
     optimized, records = optimize_proto(model, cfg)
-    keys = carry_metadata(model, optimized, RECORD_KEY, {**cfg.record(), "passes": [r.name for r in records]})
+    carry = CarryMetadata(model, RECORD_KEY, {**cfg.record(), "passes": [r.name for r in records]})
+    keys = carry(optimized).record["metadata_keys"]
     save_onnx(optimized, dst)
     sidecar = write_sidecar(read_sidecar(src), optimized, dst, {"kind": "optimize", **cfg.record()})
     before, after = _ops(model), _ops(optimized)

@@ -1,9 +1,10 @@
 """int8 quantization with ONNX Runtime that keeps hierarchy tags, metadata and the sidecar.
 
-The flow is a chain of passes, each re-tagged from the one before so coverage stays 100%:
-``quant_pre_process`` -> module exclusion (tags -> node names) -> a quantization mode from
-``QUANT_MODES`` (``quantize_dynamic`` or ``quantize_static`` in QDQ format) -> :func:`retag` ->
-metadata and sidecar carried over. The output is written atomically.
+The flow is a chain of passes (``hierarchy.passes``), each re-tagged from its input so coverage stays
+100%: :class:`Preprocess` (``quant_pre_process``) -> :class:`DropShapeHints` -> :class:`QuantizeMode`
+(module exclusion from tags, a mode of ``QUANT_MODES``: ``quantize_dynamic`` or ``quantize_static`` in
+QDQ format, excluded nodes fed float again) -> :class:`~.carry.CarryMetadata`. The sidecar is carried
+over and the output written atomically.
 """
 
 from __future__ import annotations
@@ -16,28 +17,33 @@ import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import atomic_path, onnx_weight_bytes
-from ..errors import ConfigError, OnnxFileError, OptimizationError
+from ..errors import ConfigError, ModelExportError, OnnxFileError, OptimizationError
+from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
 from ..hierarchy.tags import TAG_KEY
 from ..inference.feeds import SampleSet
 from .calibration import calibration_reader, load_samples
-from .carry import carry_metadata, read_sidecar, write_sidecar
-from .config import QuantizeConfig
-from .retag import retag, tag_coverage
+from .carry import CarryMetadata, read_sidecar, write_sidecar
+from .config import CALIBRATE_METHODS, QUANT_MODES, WEIGHT_TYPES, QuantizeConfig, register_mode
+from .evaluate import compare_models, module_error_report
+from .retag import Retagged, tag_coverage
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
-    "QUANT_MODES",
     "QUANT_OPS",
+    "DropShapeHints",
+    "Preprocess",
+    "QuantizeMode",
     "QuantizeResult",
-    "register_mode",
     "quantize",
     "quantize_proto",
-    "preprocess",
     "excluded_nodes",
     "restore_float_inputs",
     "quantized_per_module",
@@ -66,25 +72,11 @@ QDQ_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
 
 _GEMM_PARTS = ("_MatMul", "_Add", "_Transpose")
 
-ModeFn = Callable[[Path, Path, QuantizeConfig, list[str], "SampleSet | None"], None]
-QUANT_MODES: dict[str, ModeFn] = {}
-
-
-def register_mode(name: str) -> Callable[[ModeFn], ModeFn]:
-    """Add a quantization mode: ``fn(in_path, out_path, config, nodes_to_exclude, samples)`` (files: ORT's
-    quantizers mishandle in-memory protos with large initializers)."""
-
-    def deco(fn: ModeFn) -> ModeFn:
-        QUANT_MODES[name] = fn
-        return fn
-
-    return deco
-
 
 def _qtype(name: str) -> Any:
     from onnxruntime.quantization import QuantType
 
-    return {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}[name]
+    return getattr(QuantType, WEIGHT_TYPES[name])
 
 
 @register_mode("dynamic")
@@ -117,11 +109,7 @@ def _static(
             "static quantization needs calibration data",
             hint="pass --calibration-data PATH (text CSV/JSON, image folder or .npz)",
         )
-    method = {
-        "minmax": CalibrationMethod.MinMax,
-        "entropy": CalibrationMethod.Entropy,
-        "percentile": CalibrationMethod.Percentile,
-    }[cfg.calibrate_method]
+    method = getattr(CalibrationMethod, CALIBRATE_METHODS[cfg.calibrate_method])
     reader, extra_options = calibration_reader(samples, cfg.progress)
     printed = io.StringIO()  # ORT's calibrators print once per feed; stdout is for results (--format json)
     with contextlib.redirect_stdout(printed):
@@ -179,48 +167,60 @@ def _cwd(path: str) -> Iterator[None]:
         os.chdir(old)
 
 
-def preprocess(model: Any, notes: list[str]) -> Any:
-    """``quant_pre_process`` (shape inference + ORT basic optimization), re-tagged.
+@dataclass(frozen=True)
+class Preprocess:
+    """``quant_pre_process`` (shape inference + ORT basic optimization); wrap in :class:`Retagged`.
 
     Symbolic shape inference fails on many dynamo graphs; then it is retried without it and the
     fallback is noted. A failure of both leaves the model as it was (noted, never silent).
     """
-    from onnxruntime.quantization import quant_pre_process
 
-    attempts = ({}, {"skip_symbolic_shape": True})
-    with tempfile.TemporaryDirectory(prefix="modelexport-pre-") as tmp, _cwd(tmp):
-        src, out = save_onnx(model, Path(tmp) / "in.onnx"), Path(tmp) / "pre.onnx"
-        for kwargs in attempts:
-            try:
-                quant_pre_process(str(src), str(out), **kwargs)
-            except Exception as exc:  # noqa: BLE001 - recorded, next attempt tried
-                what = "without symbolic shape inference" if kwargs else "with symbolic shape inference"
-                notes.append(f"quant_pre_process {what} failed ({str(exc).splitlines()[0][:100]})")
-                continue
-            pre = load_onnx(out)
-            retag(model, pre)
-            return pre
-    return model
+    name = "quant_pre_process"
+    in_place = False
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        from onnxruntime.quantization import quant_pre_process
+
+        notes: list[str] = []
+        attempts = ({}, {"skip_symbolic_shape": True})
+        with tempfile.TemporaryDirectory(prefix="modelexport-pre-") as tmp, _cwd(tmp):
+            src, out = save_onnx(model, Path(tmp) / "in.onnx"), Path(tmp) / "pre.onnx"
+            for kwargs in attempts:
+                try:
+                    quant_pre_process(str(src), str(out), **kwargs)
+                except Exception as exc:  # noqa: BLE001 - recorded, next attempt tried
+                    what = "without symbolic shape inference" if kwargs else "with symbolic shape inference"
+                    notes.append(f"quant_pre_process {what} failed ({str(exc).splitlines()[0][:100]})")
+                    continue
+                return PassResult(load_onnx(out), True, {"notes": notes})
+        return PassResult(model, False, {"notes": notes})
 
 
-def drop_initializer_shape_hints(model: Any) -> Any:
+@dataclass(frozen=True)
+class DropShapeHints:
     """A copy without ``value_info`` entries that shadow initializers (the dynamo exporter writes them).
 
     ONNX Runtime's quantizers transpose Gemm weights; a stale shape hint for the old layout then fails
     shape inference ("Inferred shape and existing shape differ"). Only hints go: nodes, tags and
     metadata are untouched, and the input model is never modified.
     """
-    inits = {t.name for t in model.graph.initializer}
-    keep = [vi for vi in model.graph.value_info if vi.name not in inits]
-    if len(keep) == len(model.graph.value_info):
-        return model
-    import onnx
 
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    del copy.graph.value_info[:]
-    copy.graph.value_info.extend(keep)
-    return copy
+    name = "drop_initializer_shape_hints"
+    in_place = False
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        import onnx
+
+        inits = {t.name for t in model.graph.initializer}
+        keep = [vi for vi in model.graph.value_info if vi.name not in inits]
+        dropped = len(model.graph.value_info) - len(keep)
+        if not dropped:
+            return PassResult(model, False, {"dropped": 0})
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        del copy.graph.value_info[:]
+        copy.graph.value_info.extend(keep)
+        return PassResult(copy, True, {"dropped": dropped})
 
 
 def excluded_nodes(model: Any, patterns: tuple[str, ...]) -> list[str]:
@@ -333,6 +333,7 @@ class QuantizeResult:
     evaluation: dict[str, Any] | None = None
     error_report: list[dict[str, Any]] | None = None
     notes: list[str] = field(default_factory=list)
+    passes: list[PassStep] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -359,44 +360,78 @@ class QuantizeResult:
             "evaluation": self.evaluation,
             "error_report": self.error_report,
             "notes": self.notes,
+            "passes": [p.to_dict() for p in self.passes],
             "seconds": round(self.seconds, 3),
         }
 
 
+@dataclass(frozen=True)
+class QuantizeMode:
+    """A mode of ``QUANT_MODES`` on a tagged model; the nodes in ``exclude`` stay float.
+
+    ORT's quantizers drop node metadata: wrap in :class:`Retagged`.
+    """
+
+    config: QuantizeConfig
+    exclude: tuple[str, ...] = ()
+    samples: SampleSet | None = None
+    in_place = False
+
+    @property
+    def name(self) -> str:
+        return f"quantize_{self.config.mode}"
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        mode, exclude = self.config.mode, list(self.exclude)
+        with tempfile.TemporaryDirectory(prefix="modelexport-q-") as tmp:
+            src, out = save_onnx(model, Path(tmp) / "in.onnx"), Path(tmp) / "quantized.onnx"
+            try:
+                QUANT_MODES[mode](src, out, self.config, exclude, self.samples)
+            except ModelExportError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - ORT raises bare Exceptions; wrap with the mode
+                raise OptimizationError(f"{mode} quantization failed: {type(exc).__name__}: {exc}") from exc
+            quantized = load_onnx(out)
+        rewired = restore_float_inputs(quantized, exclude, model) if exclude else 0
+        return PassResult(quantized, True, {"excluded_nodes": len(exclude), "rewired_inputs": rewired})
+
+
 def quantize_proto(
-    model: Any, cfg: QuantizeConfig, samples: SampleSet | None = None
-) -> tuple[Any, dict[str, Any]]:
-    """Quantize a tagged ModelProto in memory; returns (tagged quantized model, facts about the run)."""
-    notes: list[str] = []
-    work = drop_initializer_shape_hints(preprocess(model, notes) if cfg.preprocess else model)
+    model: onnx.ModelProto, cfg: QuantizeConfig, samples: SampleSet | None = None
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
+    """Quantize a tagged ModelProto in memory; returns (tagged quantized model, facts about the run).
+
+    Passes: [re-tagged ``quant_pre_process``], shape-hint cleanup, then the re-tagged mode (with
+    ``--exclude-modules`` resolved on the pre-processed graph) and the metadata carry-over.
+    """
+    prep: list[Pass] = [Retagged(Preprocess())] if cfg.preprocess else []
+    work, steps = run_passes(model, [*prep, DropShapeHints()])
     exclude = excluded_nodes(work, cfg.exclude_modules)
-    with tempfile.TemporaryDirectory(prefix="modelexport-q-") as tmp:
-        src, out = save_onnx(work, Path(tmp) / "in.onnx"), Path(tmp) / "quantized.onnx"
-        try:
-            QUANT_MODES[cfg.mode](src, out, cfg, exclude, samples)
-        except (ConfigError, OnnxFileError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - ORT raises bare Exceptions; wrap with the mode
-            raise OptimizationError(f"{cfg.mode} quantization failed: {type(exc).__name__}: {exc}") from exc
-        quantized = load_onnx(out)
-    if exclude:
-        restore_float_inputs(quantized, exclude, work)
-    result = retag(work, quantized)
-    if result.total and not result.by_rule:
-        notes.append(
-            "the input has no hierarchy tags, so neither has the output; export it with modelexport first"
-        )
     record = {**cfg.record(), "excluded_nodes": len(exclude)}
     if samples is not None and cfg.mode == "static":
         record["calibration_samples"] = len(samples)
         record["calibration_kind"] = samples.kind
-    keys = carry_metadata(model, quantized, RECORD_KEY, record)
+    quantized, more = run_passes(
+        work,
+        [
+            Retagged(QuantizeMode(cfg, tuple(exclude), samples)),
+            CarryMetadata(model, RECORD_KEY, record),
+        ],
+    )
+    steps += more
+    notes = [n for step in steps for n in step.record.get("notes", [])]
+    retagged = more[0].record["retag"]
+    if retagged["total_nodes"] and not retagged["by_rule"]:
+        notes.append(
+            "the input has no hierarchy tags, so neither has the output; export it with modelexport first"
+        )
     facts = {
         "notes": notes,
         "exclude": exclude,
-        "retag": result.to_dict(),
-        "metadata_keys": keys,
+        "retag": retagged,
+        "metadata_keys": more[-1].record["metadata_keys"],
         "record": record,
+        "passes": steps,
     }
     return quantized, facts
 
@@ -446,6 +481,7 @@ def quantize(
         facts["metadata_keys"],
         sidecar,
         notes=facts["notes"],
+        passes=facts["passes"],
     )
     if samples is not None:
         result.calibration = {"kind": samples.kind, "samples": len(samples), "method": cfg.calibrate_method}
@@ -463,8 +499,6 @@ def _evaluate(
     eval_samples: int,
     error_report: bool,
 ) -> None:
-    from .evaluate import compare_models, module_error_report
-
     cfg = result.config
     evals = None
     if eval_data is not None:

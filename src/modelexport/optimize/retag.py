@@ -12,17 +12,23 @@ the graph after the transform against the graph before it:
    they serve (consumers), else of their producers, else the root tag.
 
 Only ``metadata_props`` change. Nodes tagged by rules 2-4 get source ``inherited``.
+:class:`RetagPass` is this as a pass; :class:`Retagged` runs any pass and re-tags its output from its input.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..hierarchy.passes import Pass, PassResult
+from ..hierarchy.tagger import propagate_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, node_key, set_node_tag
 
-__all__ = ["RetagResult", "retag", "tag_coverage"]
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["RetagPass", "RetagResult", "Retagged", "retag", "tag_coverage"]
 
 INHERITED = "inherited"
 _MAX_REPLACED = 512  # bound on the backward walk of rule 2
@@ -106,33 +112,6 @@ def _by_prefix(name: str, before: _Before) -> str | None:
     return before.tag_by_name.get(best) if best else None
 
 
-def _propagate(nodes: list[Any], tags: dict[int, str]) -> None:
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = defaultdict(list)
-    for i, node in enumerate(nodes):
-        for out in node.output:
-            producer[out] = i
-        for inp in node.input:
-            consumers[inp].append(i)
-    for downstream in (True, False):
-        changed = True
-        while changed:
-            changed = False
-            order = range(len(nodes) - 1, -1, -1) if downstream else range(len(nodes))
-            for i in order:
-                if i in tags:
-                    continue
-                node = nodes[i]
-                if downstream:
-                    near = {tags[c] for o in node.output for c in consumers.get(o, []) if c in tags}
-                else:
-                    near = {tags[producer[x]] for x in node.input if x in producer and producer[x] in tags}
-                found = common_ancestor(near)
-                if found:
-                    tags[i] = found
-                    changed = True
-
-
 def retag(before: Any, after: Any) -> RetagResult:
     """Give every node of ``after`` (a ModelProto, changed in place) a tag derived from ``before``."""
     ref = _index_before(before)
@@ -159,15 +138,52 @@ def retag(before: Any, after: Any) -> RetagResult:
         else:
             continue
         rules[rule] += 1
-    pending = [i for i in range(len(nodes)) if i not in tags]
-    _propagate(nodes, tags)
-    for i in pending:
-        rules["served" if i in tags else "root"] += 1
-        tags.setdefault(i, ref.root)
+    if served := propagate_tags(nodes, tags):
+        rules["served"] += len(served)
+    for i in range(len(nodes)):
+        if i not in tags:
+            rules["root"] += 1
+            tags[i] = ref.root
     for i, node in enumerate(nodes):
         set_node_tag(node, tags[i], sources.get(i, INHERITED))
     result.by_rule = dict(rules)
     return result
+
+
+@dataclass(frozen=True)
+class RetagPass:
+    """:func:`retag` as a pass: tags the nodes of its input (in place) from ``reference``."""
+
+    reference: onnx.ModelProto
+    name = "retag"
+    in_place = True
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        result = retag(self.reference, model)
+        return PassResult(model, bool(result.by_rule), {"retag": result.to_dict()})
+
+
+@dataclass(frozen=True)
+class Retagged:
+    """Run ``inner`` (a pass that leaves its input untouched), then re-tag its output from its input."""
+
+    inner: Pass
+    in_place = False
+
+    def __post_init__(self) -> None:
+        if self.inner.in_place:
+            raise ValueError(f"{self.inner.name!r} changes its input: nothing left to re-tag from")
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        result = self.inner(model)
+        if not result.changed:
+            return result
+        tagged = RetagPass(model)(result.model)
+        return PassResult(tagged.model, True, {**result.record, **tagged.record})
 
 
 def tag_coverage(model: Any) -> dict[str, Any]:

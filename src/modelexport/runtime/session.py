@@ -16,7 +16,16 @@ from .._config import split_names
 from ..errors import ConfigError, OnnxFileError, ProviderError
 from ..onnxfile import resolve_model_path
 
-__all__ = ["SessionConfig", "SessionInfo", "available_providers", "create_session", "resolve_providers"]
+__all__ = [
+    "GRAPH_LEVELS",
+    "GRAPH_LEVEL_ALIASES",
+    "SessionConfig",
+    "graph_level",
+    "SessionInfo",
+    "available_providers",
+    "create_session",
+    "resolve_providers",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +45,25 @@ PROVIDER_ALIASES: dict[str, str] = {
     "qnn": "QNNExecutionProvider",
     "xnnpack": "XnnpackExecutionProvider",
 }
+#: ONNX Runtime's graph optimization levels: our name -> ``ort.GraphOptimizationLevel`` member.
 GRAPH_LEVELS = {
     "disable": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
     "extended": "ORT_ENABLE_EXTENDED",
     "all": "ORT_ENABLE_ALL",
 }
+#: Other spellings accepted on input (``modelexport optimize --level none`` was documented).
+GRAPH_LEVEL_ALIASES = {"none": "disable"}
+
+
+def graph_level(name: str, option: str = "graph_optimization_level") -> str:
+    """The canonical name of a graph optimization level (aliases resolved); ConfigError otherwise."""
+    key = str(name).lower()
+    key = GRAPH_LEVEL_ALIASES.get(key, key)
+    if key not in GRAPH_LEVELS:
+        valid = ", ".join([*GRAPH_LEVELS, *GRAPH_LEVEL_ALIASES])
+        raise ConfigError(f"{option} must be one of {valid}, got {name!r}")
+    return key
 
 
 def available_providers() -> list[str]:
@@ -98,10 +120,7 @@ class SessionConfig:
             object.__setattr__(self, "providers", split_names(self.providers))
         else:
             object.__setattr__(self, "providers", tuple(self.providers or ()))
-        if self.graph_optimization_level not in GRAPH_LEVELS:
-            raise ConfigError(
-                f"graph_optimization_level must be one of {', '.join(GRAPH_LEVELS)}, got {self.graph_optimization_level!r}"
-            )
+        object.__setattr__(self, "graph_optimization_level", graph_level(self.graph_optimization_level))
         if self.intra_op_num_threads < 0 or self.inter_op_num_threads < 0:
             raise ConfigError("thread counts must be >= 0 (0 lets ONNX Runtime choose)")
 

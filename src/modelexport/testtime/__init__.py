@@ -26,8 +26,9 @@ Stable public API (other parts of modelexport and users build on these names)::
 
 from __future__ import annotations
 
+from .._numeric import softmax
 from .adapt import BNAdapter, BNLayer, BNState, find_bn_layers
-from .aggregate import AGGREGATORS, aggregate, entropy, register_aggregator, softmax
+from .aggregate import AGGREGATORS, aggregate, entropy, register_aggregator
 from .augment import MODALITIES, TRANSFORMS, Transform, make_views, register_transform, transforms_for
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from .engine import Stream, TestTimeEngine, TestTimeResult

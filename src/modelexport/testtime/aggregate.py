@@ -11,9 +11,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._numeric import softmax
 from .registry import Registry
 
-__all__ = ["AGGREGATORS", "register_aggregator", "aggregate", "softmax", "entropy"]
+__all__ = ["AGGREGATORS", "register_aggregator", "aggregate", "entropy"]
 
 AggregateFn = Callable[[np.ndarray, int], np.ndarray]
 
@@ -23,12 +24,6 @@ AGGREGATORS: Registry[AggregateFn] = Registry("TTA aggregator")
 
 def register_aggregator(name: str) -> Callable[[AggregateFn], AggregateFn]:
     return AGGREGATORS.register(name)
-
-
-def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
-    z = logits - logits.max(axis=axis, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=axis, keepdims=True)
 
 
 def entropy(probs: np.ndarray, axis: int = -1) -> np.ndarray:

@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import onnx
 
+from .._numeric import softmax
 from ..errors import InferenceError, TestTimeError
 from ..runtime.session import SessionConfig, create_session
 from .adapt import BNAdapter, BNState
-from .aggregate import aggregate, softmax
+from .aggregate import aggregate
 from .augment import make_views
 from .graph import load_model
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary

@@ -17,8 +17,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from .._numeric import softmax
 from ..errors import TestTimeError
-from .aggregate import entropy, softmax
+from .aggregate import entropy
 from .graph import constant_value, load_model
 
 __all__ = ["enable_mc_dropout", "MCDropoutResult", "mc_summary"]

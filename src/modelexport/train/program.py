@@ -15,6 +15,7 @@ from typing import Any
 import dspy
 import numpy as np
 
+from .._numeric import softmax
 from ..data import Dataset
 from ..errors import InferenceError
 from ..testtime.engine import TestTimeEngine
@@ -27,17 +28,10 @@ __all__ = [
     "OnnxBackend",
     "to_examples",
     "label_accuracy",
-    "softmax",
 ]
 
 #: A backend turns a batch of raw inputs (texts or images) into class probabilities (N, K).
 Backend = Callable[[Sequence[Any]], np.ndarray]
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits - logits.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 class TorchBackend:

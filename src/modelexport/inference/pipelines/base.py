@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError
 from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_POLICY
 from ...runtime.session import SessionConfig
@@ -21,7 +22,7 @@ from ...testtime.engine import TestTimeEngine
 from ...testtime.policy import TestTimePolicy
 from ..processors import BaseONNXProcessor
 
-__all__ = ["ONNXPipeline", "PIPELINES", "register_pipeline", "softmax", "sigmoid"]
+__all__ = ["ONNXPipeline", "PIPELINES", "register_pipeline", "sigmoid"]
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,6 @@ def register_pipeline(task: str) -> Callable[[type[ONNXPipeline]], type[ONNXPipe
         return cls
 
     return deco
-
-
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    e = np.exp(x - x.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

@@ -6,8 +6,9 @@ from typing import Any
 
 import numpy as np
 
+from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError
-from .base import ClassificationMixin, ONNXPipeline, register_pipeline, softmax
+from .base import ClassificationMixin, ONNXPipeline, register_pipeline
 
 __all__ = [
     "FeatureExtractionPipeline",

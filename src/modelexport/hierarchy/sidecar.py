@@ -1,13 +1,17 @@
-"""``model_hierarchy.json``: module info (R9), node -> tag map, tensor tags (R13), settings, coverage."""
+"""``model_hierarchy.json``: module info (R9), node -> tag map, tensor tags (R13), settings, coverage.
+
+Built from the tagging alone (hierarchy layer), so the export and the package passes above it
+(``export --quantize``) write it the same way.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .._version import __version__
-from ..hierarchy.tagger import TaggingResult, tensor_tags
-from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY
-from ..hierarchy.tree import ModuleTree
+from .tagger import TaggingResult, tensor_tags
+from .tags import TAG_KEY, TAG_SOURCE_KEY
+from .tree import ModuleTree
 
 __all__ = ["SIDECAR_NAME", "SIDECAR_VERSION", "build_sidecar"]
 
