@@ -55,7 +55,10 @@ def _imports(path: Path) -> list[tuple[str, int, bool]]:
     rel = path.relative_to(SRC).parts
     package = rel[:-1]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    top = {id(n) for n in tree.body}
+    # module level, including ``if TYPE_CHECKING:`` blocks
+    top = {id(n) for n in tree.body} | {
+        id(n) for block in tree.body if isinstance(block, ast.If) for n in block.body
+    }
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom):

@@ -19,8 +19,9 @@ from modelexport.data import load_dataset
 from modelexport.errors import DatasetError
 from modelexport.inference.feeds import dataset_samples
 from modelexport.inference.processors import ONNXAutoProcessor
+from modelexport.onnxfile import load_onnx
 from modelexport.optimize.calibration import load_samples
-from modelexport.optimize.quantization import QDQ_OPS, load_onnx
+from modelexport.optimize.quantization import QDQ_OPS
 from modelexport.runtime.session import create_session
 from tests.optimize.conftest import bert_feeds
 

@@ -17,7 +17,8 @@ from ..data import load_dataset
 from ..errors import ConfigError, DatasetError
 from ..inference.feeds import SampleSet, dataset_samples
 from ..inference.processors import ONNXAutoProcessor
-from .carry import model_metadata, read_sidecar
+from ..onnxfile import read_sidecar
+from .carry import model_metadata
 
 __all__ = ["FeedReader", "calibration_reader", "find_model_dir", "load_samples"]
 

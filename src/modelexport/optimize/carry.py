@@ -19,6 +19,7 @@ from ..hierarchy.passes import PassResult
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
 from ..metadata import read_metadata, update_metadata
+from ..onnxfile import sidecar_path_for
 
 if TYPE_CHECKING:
     import onnx
@@ -27,8 +28,6 @@ __all__ = [
     "CarryMetadata",
     "carry_metadata",
     "model_metadata",
-    "sidecar_path",
-    "read_sidecar",
     "remap_sidecar",
     "write_sidecar",
 ]
@@ -73,23 +72,6 @@ def model_metadata(model: Any) -> dict[str, Any]:
         return {p.key: p.value for p in model.metadata_props}
 
 
-def sidecar_path(onnx_path: str | Path) -> Path:
-    """``dir/model.onnx`` -> ``dir/model_hierarchy.json`` (the exporter's naming)."""
-    p = Path(onnx_path)
-    return p.with_name(f"{p.stem}_hierarchy.json")
-
-
-def read_sidecar(onnx_path: str | Path) -> dict[str, Any] | None:
-    """The sidecar beside ``onnx_path``, or None when there is none (or it is unreadable)."""
-    path = sidecar_path(onnx_path)
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def remap_sidecar(sidecar: dict[str, Any], model: Any, transform: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``sidecar`` whose nodes, tensors and coverage describe ``model`` (already re-tagged)."""
     tag_to_path = sidecar.get("tags", {})
@@ -128,4 +110,4 @@ def write_sidecar(
     """Write the re-mapped sidecar beside ``onnx_path``; nothing when the input had none."""
     if sidecar is None:
         return None
-    return write_json(sidecar_path(onnx_path), remap_sidecar(sidecar, model, transform))
+    return write_json(sidecar_path_for(onnx_path), remap_sidecar(sidecar, model, transform))

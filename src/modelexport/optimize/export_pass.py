@@ -12,7 +12,8 @@ from typing import Any
 from .._io import write_json
 from ..hierarchy.sidecar import build_sidecar
 from ..inference.feeds import SampleSet
-from .carry import remap_sidecar, sidecar_path
+from ..onnxfile import sidecar_path_for
+from .carry import remap_sidecar
 from .config import QuantizeConfig
 from .quantization import quantize_proto, save_onnx
 
@@ -40,7 +41,7 @@ def quantize_package_pass(ctx: Any) -> None:
         quantized, facts = quantize_proto(ctx.model_proto, QuantizeConfig(mode=mode, progress=False), samples)
         name = f"model_{mode}.onnx"
         save_onnx(quantized, ctx.staging_dir / name)
-        side = sidecar_path(ctx.staging_dir / name)
+        side = sidecar_path_for(ctx.staging_dir / name)
         write_json(side, remap_sidecar(_sidecar(ctx), quantized, {"kind": "quantize", **facts["record"]}))
         ctx.files[f"quantized_{mode}"] = name
         ctx.files[f"quantized_{mode}_hierarchy"] = side.name

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OptimizationError
 from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
+from ..onnxfile import load_onnx, read_sidecar, resolve_model_path
 from ..runtime.session import create_session
-from .carry import CarryMetadata, model_metadata, read_sidecar, write_sidecar
+from .carry import CarryMetadata, model_metadata, write_sidecar
 from .config import OptimizeConfig
-from .quantization import load_onnx, save_onnx
+from .quantization import save_onnx
 from .retag import Retagged, tag_coverage
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ def optimize_model(
     ``options`` are :class:`OptimizeConfig` fields.
     """
     cfg = (config or OptimizeConfig()).with_changes(**options)
-    src, dst = Path(model_path), Path(output_path)
+    src, dst = resolve_model_path(model_path), Path(output_path)
     if src.resolve() == dst.resolve():
         raise ConfigError(f"output {dst} would overwrite the input model", hint="choose another -o path")
     model = load_onnx(src)

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._io import atomic_path, onnx_weight_bytes
-from ..errors import ConfigError, ModelExportError, OnnxFileError, OptimizationError
+from ..errors import ConfigError, ModelExportError, OptimizationError
 from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
 from ..hierarchy.tags import TAG_KEY
 from ..inference.feeds import SampleSet
+from ..onnxfile import load_onnx, read_sidecar, resolve_model_path
 from .calibration import calibration_reader, load_samples
-from .carry import CarryMetadata, read_sidecar, write_sidecar
+from .carry import CarryMetadata, write_sidecar
 from .config import CALIBRATE_METHODS, QUANT_MODES, WEIGHT_TYPES, QuantizeConfig, register_mode
 from .evaluate import compare_models, module_error_report
 from .retag import Retagged, tag_coverage
@@ -47,7 +48,6 @@ __all__ = [
     "excluded_nodes",
     "restore_float_inputs",
     "quantized_per_module",
-    "load_onnx",
     "save_onnx",
 ]
 
@@ -128,19 +128,6 @@ def _static(
             extra_options=extra_options,
         )
     log.debug("quantize_static printed:\n%s", printed.getvalue())
-
-
-def load_onnx(path: str | Path) -> Any:
-    """Load an ONNX file or raise :class:`OnnxFileError` with what went wrong."""
-    import onnx
-
-    p = Path(path)
-    if not p.is_file():
-        raise OnnxFileError(f"ONNX model not found: {p}")
-    try:
-        return onnx.load(str(p))
-    except Exception as exc:  # noqa: BLE001 - protobuf raises several types for a corrupted file
-        raise OnnxFileError(f"{p} is not a readable ONNX model: {exc}") from exc
 
 
 def save_onnx(model: Any, path: str | Path) -> Path:
@@ -455,7 +442,7 @@ def quantize(
     """
     cfg = (config or QuantizeConfig()).with_changes(**options) if options else (config or QuantizeConfig())
     start = time.perf_counter()
-    src, dst = Path(model_path), Path(output_path)
+    src, dst = resolve_model_path(model_path), Path(output_path)
     if src.resolve() == dst.resolve():
         raise ConfigError(f"output {dst} would overwrite the input model", hint="choose another -o path")
     model = load_onnx(src)
