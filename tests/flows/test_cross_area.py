@@ -105,9 +105,12 @@ def test_text_export_quantize_static_optimize_infer(
     _json(capsys, ["optimize", str(quantized), "-o", str(optimized), "--level", "basic", "--format", "json"])
     texts = ["good", "the plot never quite comes together"]
     fp32 = _json(
-        capsys, ["infer", str(exported.output_dir), "--text", texts[0], "--text", texts[1], "--json"]
+        capsys,
+        ["infer", str(exported.output_dir), "--text", texts[0], "--text", texts[1], "--top-k", "3", "--json"],
     )
-    int8 = _json(capsys, ["infer", str(optimized), "--text", texts[0], "--text", texts[1], "--json"])
+    int8 = _json(
+        capsys, ["infer", str(optimized), "--text", texts[0], "--text", texts[1], "--top-k", "3", "--json"]
+    )
     assert int8["model"] == str(optimized) and fp32["model"] == str(exported.onnx_path)
     for a, b in zip(fp32["predictions"], int8["predictions"], strict=True):
         assert {p["label"] for p in a} == {p["label"] for p in b}

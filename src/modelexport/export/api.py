@@ -19,6 +19,7 @@ from ..hierarchy.sidecar import SIDECAR_NAME, build_sidecar
 from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
 from ..metadata.embed import embed_metadata_pass, package_pass
+from ..onnxfile import EXTERNAL_DATA_THRESHOLD
 from ..optimize.export_pass import quantize_package_pass
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
@@ -183,7 +184,7 @@ def _write_model(proto: Any, path: Path) -> bytes | Path:
     models over protobuf's 2 GB limit, which are saved with external data."""
     import onnx
 
-    if onnx_weight_bytes(proto) > 1_800_000_000:
+    if onnx_weight_bytes(proto) > EXTERNAL_DATA_THRESHOLD:
         onnx.save_model(proto, str(path), save_as_external_data=True, location=f"{path.name}.data")
         return path
     data = proto.SerializeToString()

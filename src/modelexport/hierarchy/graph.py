@@ -10,14 +10,27 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ModuleNotInGraphError
-from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, is_within, node_key
 
-__all__ = ["GraphIndex", "InitializerInfo", "resolve_module", "close_matches", "ancestors_of"]
+if TYPE_CHECKING:
+    import onnx
+
+from .tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, is_within, node_key
+
+__all__ = [
+    "GraphIndex",
+    "InitializerInfo",
+    "TensorEdges",
+    "tensor_edges",
+    "resolve_module",
+    "close_matches",
+    "ancestors_of",
+]
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,28 @@ def _initializer_info(init: Any) -> InitializerInfo:
         numel *= int(d)
     dtype, itemsize = _dtype_info(init.data_type)
     return InitializerInfo(init.name, dtype, numel, numel * itemsize)
+
+
+@dataclass(frozen=True)
+class TensorEdges:
+    """Who produces each tensor and who reads it, as indices into the node list (empty names skipped)."""
+
+    producer: dict[str, int]
+    consumers: dict[str, list[int]]
+
+
+def tensor_edges(nodes: Sequence[onnx.NodeProto]) -> TensorEdges:
+    """The one producer/consumer index of a node list: tagging, re-tagging, inspection and extraction use it."""
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = defaultdict(list)
+    for i, node in enumerate(nodes):
+        for out in node.output:
+            if out:
+                producer[out] = i
+        for inp in node.input:
+            if inp:
+                consumers[inp].append(i)
+    return TensorEdges(producer, consumers)
 
 
 def ancestors_of(tag: str) -> list[str]:
@@ -88,10 +123,8 @@ class GraphIndex:
             index.sources.append(props.get(TAG_SOURCE_KEY))
             index.inputs.append([t for t in node.input if t])
             index.outputs.append([t for t in node.output if t])
-            for t in index.outputs[-1]:
-                index.producer[t] = i
-            for t in index.inputs[-1]:
-                index.consumers[t].append(i)
+        edges = tensor_edges(graph.node)
+        index.producer, index.consumers = edges.producer, edges.consumers
         return index
 
     def __len__(self) -> int:

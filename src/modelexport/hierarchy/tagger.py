@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .graph import tensor_edges
 from .scopes import module_path_for
 from .tags import TAG_KEY, common_ancestor, node_key, set_node_tag
 from .tree import ModuleTree
@@ -56,15 +57,8 @@ def propagate_tags(nodes: Sequence[onnx.NodeProto], tags: dict[int, str]) -> lis
     common ancestor of their producers'. Nodes with no tagged neighbour stay untagged (the caller
     decides: the root tag, or a count). The one propagation used by tagging and by re-tagging.
     """
-    producer: dict[str, int] = {}
-    consumers: dict[str, list[int]] = defaultdict(list)
-    for i, node in enumerate(nodes):
-        for out in node.output:
-            if out:
-                producer[out] = i
-        for inp in node.input:
-            if inp:
-                consumers[inp].append(i)
+    edges = tensor_edges(nodes)
+    producer, consumers = edges.producer, edges.consumers
 
     def near(i: int, downstream: bool) -> set[str]:
         node = nodes[i]

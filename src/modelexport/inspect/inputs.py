@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InferenceError, InputSpecError
+from ..hierarchy.graph import tensor_edges
 from ..runtime.types import ORT_TO_NUMPY as _ORT_TYPES
 
 __all__ = [
@@ -72,11 +73,10 @@ def _rows(model: Any, producers: dict[str, Any], name: str) -> int | None:
 
 def index_limits(model: Any) -> dict[str, int]:
     """Graph input -> the row count of the smallest table it indexes with ``Gather`` (ids stay in range)."""
-    producers = {o: n for n in model.graph.node for o in n.output}
-    consumers: dict[str, list[Any]] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    nodes = model.graph.node
+    edges = tensor_edges(nodes)
+    producers = {t: nodes[i] for t, i in edges.producer.items()}
+    consumers = {t: [nodes[i] for i in idx] for t, idx in edges.consumers.items()}
     limits: dict[str, int] = {}
     for inp in model.graph.input:
         frontier, seen = [inp.name], set()

@@ -15,11 +15,13 @@ from .resolve import (
     record_deployed_model,
     resolve_model_path,
 )
+from .save import EXTERNAL_DATA_THRESHOLD, save_onnx
 from .sidecar import SIDECAR_SUFFIX, load_sidecar, read_sidecar, sidecar_path_for
 
 __all__ = [
     "DEFAULT_MODEL_FILE",
     "DEPLOYED_KEY",
+    "EXTERNAL_DATA_THRESHOLD",
     "PACKAGE_MANIFEST",
     "SIDECAR_SUFFIX",
     "check_external_locations",
@@ -30,5 +32,6 @@ __all__ = [
     "read_sidecar",
     "record_deployed_model",
     "resolve_model_path",
+    "save_onnx",
     "sidecar_path_for",
 ]

@@ -9,17 +9,20 @@ write a sidecar beside the output whose node map describes the new graph.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._io import write_json
+from .._io import atomic_path, write_json
 from .._version import __version__
 from ..hierarchy.passes import PassResult
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
 from ..metadata import read_metadata, update_metadata
-from ..onnxfile import sidecar_path_for
+from ..metadata.build import PROCESSOR_FILES
+from ..metadata.package import safe_join
+from ..onnxfile import read_manifest, read_sidecar, save_onnx, sidecar_path_for
 
 if TYPE_CHECKING:
     import onnx
@@ -30,6 +33,9 @@ __all__ = [
     "model_metadata",
     "remap_sidecar",
     "write_sidecar",
+    "PACKAGE_FILES",
+    "copy_package_files",
+    "write_transformed",
 ]
 
 
@@ -111,3 +117,50 @@ def write_sidecar(
     if sidecar is None:
         return None
     return write_json(sidecar_path_for(onnx_path), remap_sidecar(sidecar, model, transform))
+
+
+#: Package files a transformed model needs beside it when the manifest does not list them: the config
+#: (Optimum reads it) and the processor files (the pipelines and calibration read them).
+PACKAGE_FILES = (
+    "config.json",
+    "generation_config.json",
+    *PROCESSOR_FILES,
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+)
+
+
+def copy_package_files(src_dir: Path, dst_dir: Path) -> list[str]:
+    """Copy the source package's config and processor files into another folder, never overwriting.
+
+    The names come from the source manifest's file list (what export wrote), else :data:`PACKAGE_FILES`.
+    """
+    if src_dir.resolve() == dst_dir.resolve():
+        return []
+    listed = read_manifest(src_dir).get("files")
+    names = [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else list(PACKAGE_FILES)
+    copied = []
+    for name in names:
+        source, target = safe_join(src_dir, name), safe_join(dst_dir, name)
+        if source.is_file() and source.suffix != ".onnx" and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_path(target) as tmp:
+                shutil.copyfile(source, tmp)
+            copied.append(name)
+    return copied
+
+
+def write_transformed(
+    model: onnx.ModelProto, src: Path, dst: Path, transform: dict[str, Any]
+) -> tuple[Path | None, list[str]]:
+    """Write a transformed model as a package: files it needs, its re-mapped sidecar, then the model last.
+
+    The source sidecar is read before anything is written (a broken one fails with nothing on disk), and
+    the model file, the one that makes the output look complete, is renamed into place last.
+    """
+    sidecar = read_sidecar(src)
+    copied = copy_package_files(src.parent, dst.parent)
+    side = write_sidecar(sidecar, model, dst, transform)
+    save_onnx(model, dst)
+    return side, copied

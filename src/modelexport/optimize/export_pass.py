@@ -12,10 +12,10 @@ from typing import Any
 from .._io import write_json
 from ..hierarchy.sidecar import build_sidecar
 from ..inference.feeds import SampleSet
-from ..onnxfile import sidecar_path_for
+from ..onnxfile import save_onnx, sidecar_path_for
 from .carry import remap_sidecar
 from .config import QuantizeConfig
-from .quantization import quantize_proto, save_onnx
+from .quantization import quantize_proto
 
 __all__ = ["quantize_package_pass"]
 

@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OptimizationError
 from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
-from ..onnxfile import load_onnx, read_sidecar, resolve_model_path
+from ..onnxfile import load_onnx, resolve_model_path, save_onnx
 from ..runtime.session import create_session
-from .carry import CarryMetadata, model_metadata, write_sidecar
+from .carry import CarryMetadata, model_metadata, write_transformed
 from .config import OptimizeConfig
-from .quantization import save_onnx
 from .retag import Retagged, tag_coverage
 
 if TYPE_CHECKING:
@@ -198,6 +197,8 @@ class OptimizeResult:
     size_after: int = 0
     sidecar_path: Path | None = None
     metadata_keys: list[str] = field(default_factory=list)
+    #: Package files (config, processor) copied beside the output because it is in another folder.
+    copied_files: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -210,6 +211,7 @@ class OptimizeResult:
             "size_before": self.size_before,
             "size_after": self.size_after,
             "sidecar": str(self.sidecar_path) if self.sidecar_path else None,
+            "copied_files": self.copied_files,
             "metadata_keys": self.metadata_keys,
         }
 
@@ -238,8 +240,7 @@ def optimize_model(
     optimized, records = optimize_proto(model, cfg)
     carry = CarryMetadata(model, RECORD_KEY, {**cfg.record(), "passes": [r.name for r in records]})
     keys = carry(optimized).record["metadata_keys"]
-    save_onnx(optimized, dst)
-    sidecar = write_sidecar(read_sidecar(src), optimized, dst, {"kind": "optimize", **cfg.record()})
+    sidecar, copied = write_transformed(optimized, src, dst, {"kind": "optimize", **cfg.record()})
     before, after = _ops(model), _ops(optimized)
     changes = {
         op: after[op] - before[op] for op in sorted(set(before) | set(after)) if after[op] != before[op]
@@ -255,4 +256,5 @@ def optimize_model(
         dst.stat().st_size,
         sidecar,
         keys,
+        copied,
     )

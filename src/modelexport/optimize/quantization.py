@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._io import atomic_path, onnx_weight_bytes
 from ..errors import ConfigError, ModelExportError, OptimizationError
 from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
 from ..hierarchy.tags import TAG_KEY
 from ..inference.feeds import SampleSet
-from ..onnxfile import load_onnx, read_sidecar, resolve_model_path
+from ..onnxfile import load_onnx, resolve_model_path, save_onnx
 from .calibration import calibration_reader, load_samples
-from .carry import CarryMetadata, write_sidecar
+from .carry import CarryMetadata, write_transformed
 from .config import CALIBRATE_METHODS, QUANT_MODES, WEIGHT_TYPES, QuantizeConfig, register_mode
 from .evaluate import compare_models, module_error_report
 from .retag import Retagged, tag_coverage
@@ -48,7 +47,6 @@ __all__ = [
     "excluded_nodes",
     "restore_float_inputs",
     "quantized_per_module",
-    "save_onnx",
 ]
 
 log = logging.getLogger(__name__)
@@ -128,19 +126,6 @@ def _static(
             extra_options=extra_options,
         )
     log.debug("quantize_static printed:\n%s", printed.getvalue())
-
-
-def save_onnx(model: Any, path: str | Path) -> Path:
-    """Write ``model`` atomically (external data above protobuf's 2 GB limit)."""
-    import onnx
-
-    path = Path(path)
-    large = onnx_weight_bytes(model) > 1_800_000_000
-    with atomic_path(path) as tmp:
-        onnx.save_model(
-            model, str(tmp), save_as_external_data=large, location=f"{path.name}.data" if large else None
-        )
-    return path
 
 
 @contextlib.contextmanager
@@ -451,14 +436,12 @@ def quantize(
             cfg.calibration_data, model, src, cfg.calibration_samples, tokenizer=cfg.tokenizer, seed=cfg.seed
         )
     quantized, facts = quantize_proto(model, cfg, samples)
-    save_onnx(quantized, dst)
-    sidecar = write_sidecar(read_sidecar(src), quantized, dst, {"kind": "quantize", **facts["record"]})
     result = QuantizeResult(
         src,
         dst,
         cfg,
         src.stat().st_size,
-        dst.stat().st_size,
+        0,
         len(model.graph.node),
         len(quantized.graph.node),
         facts["exclude"],
@@ -466,13 +449,20 @@ def quantize(
         tag_coverage(quantized),
         facts["retag"],
         facts["metadata_keys"],
-        sidecar,
+        None,
         notes=facts["notes"],
         passes=facts["passes"],
     )
     if samples is not None:
         result.calibration = {"kind": samples.kind, "samples": len(samples), "method": cfg.calibrate_method}
     _evaluate(result, model, quantized, samples, eval_data, eval_samples, error_report)
+    # written only now: a failed evaluation (bad --eval-data, bad --eval-samples) leaves nothing behind
+    result.sidecar_path, copied = write_transformed(
+        quantized, src, dst, {"kind": "quantize", **facts["record"]}
+    )
+    result.size_after = dst.stat().st_size
+    if copied:
+        result.notes.append(f"copied the package files the model needs beside it: {', '.join(copied)}")
     result.seconds = time.perf_counter() - start
     return result
 

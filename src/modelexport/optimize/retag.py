@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..hierarchy.graph import tensor_edges
 from ..hierarchy.passes import Pass, PassResult
 from ..hierarchy.tagger import propagate_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, node_key, set_node_tag
@@ -65,15 +66,13 @@ def _props(node: Any) -> dict[str, str]:
 def _index_before(model: Any) -> _Before:
     tags: dict[str, str] = {}
     sources: dict[str, str] = {}
-    producer: dict[str, Any] = {}
     for node in model.graph.node:
         props = _props(node)
         if node.name and props.get(TAG_KEY):
             tags[node.name] = props[TAG_KEY]
             sources[node.name] = props.get(TAG_SOURCE_KEY, "scope")
-        for out in node.output:
-            if out:
-                producer[out] = node
+    nodes = model.graph.node
+    producer = {t: nodes[i] for t, i in tensor_edges(nodes).producer.items()}
     all_tags = [_props(n).get(TAG_KEY) for n in model.graph.node]
     return _Before(tags, sources, producer, common_ancestor({t for t in all_tags if t}))
 
