@@ -11,9 +11,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import OutputWriteError
+from .errors import ModelExportError, OutputWriteError
 
-__all__ = ["atomic_path", "atomic_dir", "onnx_weight_bytes", "write_json", "write_text"]
+__all__ = [
+    "atomic_path",
+    "atomic_dir",
+    "onnx_weight_bytes",
+    "read_json_object",
+    "write_json",
+    "write_text",
+    "MAX_JSON_BYTES",
+]
+
+#: JSON files we read (manifests, sidecars, specs) are refused above this size before parsing.
+MAX_JSON_BYTES = 256 * 1024 * 1024
 
 
 @contextlib.contextmanager
@@ -60,6 +71,23 @@ def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
             raise OutputWriteError(f"cannot write to {target}: {exc.strerror or exc}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_json_object(path: Path, error: type[ModelExportError], hint: str) -> dict[str, Any]:
+    """The JSON object in ``path``; ``error`` (naming the file) when it is too large, not JSON or not an object."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise error(
+                f"{path} is {size:,} bytes; JSON files over {MAX_JSON_BYTES:,} bytes are refused", hint=hint
+            )
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise error(f"{path} is not valid JSON ({reason})", hint=hint) from exc
+    if not isinstance(data, dict):
+        raise error(f"{path} is not a JSON object", hint=hint)
+    return data
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> Path:

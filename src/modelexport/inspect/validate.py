@@ -19,6 +19,7 @@ from ..errors import ConfigError, TagError
 from ..hierarchy.graph import ancestors_of
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_PATTERN, set_node_tag
+from ..onnxfile import load_onnx
 from .formats import renderer
 from .loading import TaggedModel, load_tagged_model
 
@@ -80,7 +81,7 @@ def _onnx_checker(tm: TaggedModel) -> list[Finding]:
         if not (tm.path and "external tensors" in str(exc)):
             return [Finding("onnx_checker", "error", str(exc).strip().splitlines()[0])]
         try:  # shape inference cannot read external data by path: check the loaded model instead
-            onnx.checker.check_model(onnx.load(str(tm.path)), full_check=True)
+            onnx.checker.check_model(load_onnx(tm.path), full_check=True)
         except errors as again:
             return [Finding("onnx_checker", "error", str(again).strip().splitlines()[0])]
     return []
@@ -269,10 +270,8 @@ def _sidecar_from_nodes(tm: TaggedModel) -> list[str]:
 
 def _load_for_rewrite(tm: TaggedModel, target: Path) -> TaggedModel:
     """Full model for saving to ``target``: external data stays external when it stays in the same folder."""
-    import onnx
-
     same_dir = target.resolve().parent == tm.path.resolve().parent
-    proto = onnx.load(str(tm.path), load_external_data=not same_dir)
+    proto = load_onnx(tm.path, external_data=not same_dir)
     return TaggedModel(proto, tm.path, tm.sidecar, tm.sidecar_path)
 
 

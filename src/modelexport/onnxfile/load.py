@@ -77,7 +77,7 @@ def check_external_locations(model: onnx.ModelProto, folder: Path) -> None:
             )
 
 
-def _parse(path: Path, weights: bool) -> onnx.ModelProto:
+def _parse(path: Path, weights: bool, external_data: bool) -> onnx.ModelProto:
     import onnx
     from google.protobuf.message import DecodeError
 
@@ -90,6 +90,8 @@ def _parse(path: Path, weights: bool) -> onnx.ModelProto:
     except OSError as exc:
         raise OnnxFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
     check_external_locations(proto, path.parent)
+    if not external_data:
+        return proto
     try:
         onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))
     except (OSError, ValueError, onnx.checker.ValidationError) as exc:
@@ -112,14 +114,17 @@ def _check_complete(proto: onnx.ModelProto, path: Path) -> None:
         raise OnnxFileError(f"{path} is not an ONNX model or is truncated ({', '.join(problems)})")
 
 
-def load_onnx(model: str | os.PathLike[str], *, weights: bool = True) -> onnx.ModelProto:
+def load_onnx(
+    model: str | os.PathLike[str], *, weights: bool = True, external_data: bool = True
+) -> onnx.ModelProto:
     """The model at ``model`` (a file or a package folder, see :func:`resolve_model_path`).
 
     ``weights=False`` reads the structure only: initializers keep names, dims and dtypes, not values.
+    ``external_data=False`` keeps external tensors as references (to re-save the model in its folder).
     """
     path = resolve_model_path(model)
     if path.stat().st_size == 0:
         raise OnnxFileError(f"{path} is empty (0 bytes)")
-    proto = _parse(path, weights)
+    proto = _parse(path, weights, external_data)
     _check_complete(proto, path)
     return proto

@@ -8,12 +8,11 @@ error that lists the candidates. The choice is logged at INFO so a user always s
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path, PurePosixPath
 
-from .._io import write_json
+from .._io import read_json_object, write_json
 from ..errors import ModelFileNotFoundError, OnnxFileError
 
 __all__ = [
@@ -38,15 +37,7 @@ def read_manifest(folder: Path) -> dict:
     file = folder / PACKAGE_MANIFEST
     if not file.is_file():
         return {}
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise OnnxFileError(
-            f"{file} is not valid JSON ({exc})", hint="re-export the package, or pass the .onnx file itself"
-        ) from exc
-    if not isinstance(data, dict):
-        raise OnnxFileError(f"{file} is not a modelexport manifest (not a JSON object)")
-    return data
+    return read_json_object(file, OnnxFileError, "re-export the package, or pass the .onnx file itself")
 
 
 def _deployed(folder: Path) -> Path | None:

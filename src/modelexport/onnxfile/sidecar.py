@@ -6,11 +6,11 @@ broken one is an error everywhere, never silently ignored.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
+from .._io import read_json_object
 from ..errors import MetadataError, OnnxFileError
 
 __all__ = ["SIDECAR_SUFFIX", "sidecar_path_for", "read_sidecar", "load_sidecar"]
@@ -31,13 +31,8 @@ def load_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise OnnxFileError(
             f"hierarchy file not found: {path}", hint="pass the model_hierarchy.json written by export"
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise MetadataError(
-            f"{path} is not valid JSON: {exc}", hint="re-export, or delete the broken sidecar"
-        ) from exc
-    if not isinstance(data, dict) or not isinstance(data.get("nodes"), dict) or "tags" not in data:
+    data = read_json_object(path, MetadataError, "re-export, or delete the broken sidecar")
+    if not isinstance(data.get("nodes"), dict) or "tags" not in data:
         raise MetadataError(
             f"{path} is not a modelexport hierarchy file (no 'nodes'/'tags')",
             hint="re-export, or delete the broken sidecar",
