@@ -144,8 +144,10 @@ def test_drop_shape_hints_pass_alone(bert: onnx.ModelProto) -> None:
 
 @pytest.mark.must
 @pytest.mark.parametrize("mode", list(QUANT_MODES))
-def test_quantize_mode_pass_alone(bert: onnx.ModelProto, bert_npz: Path, mode: str) -> None:
-    samples = load_samples(str(bert_npz), bert, None, 8) if mode == "static" else None
+def test_quantize_mode_pass_alone(
+    bert: onnx.ModelProto, tiny_bert_onnx: Path, bert_npz: Path, mode: str
+) -> None:
+    samples = load_samples(str(bert_npz), bert, tiny_bert_onnx, 8) if mode == "static" else None
     p = Retagged(QuantizeMode(QuantizeConfig(mode=mode, progress=False), samples=samples))
     result = _check_pass(p, bert)
     assert p.name == f"quantize_{mode}" and result.record["excluded_nodes"] == 0

@@ -213,7 +213,7 @@ def test_failure_mid_pipeline_leaves_no_package(
 
     from modelexport.errors import OptimizationError
 
-    quantize_module = importlib.import_module("modelexport.optimize.quantization")
+    quantize_module = importlib.import_module("modelexport.workflow.run")  # where the pipeline calls it
 
     def broken(*args: Any, **kwargs: Any) -> None:
         raise OptimizationError("quantization failed on purpose")

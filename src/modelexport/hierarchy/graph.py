@@ -172,7 +172,7 @@ def close_matches(query: str, candidates: list[str], n: int = 5) -> list[str]:
 
 
 def resolve_module(query: str, index: GraphIndex, sidecar: dict[str, Any] | None = None) -> str:
-    """Turn a tag (``/Bert/Layer.0``), a tag without its slash, or a module path (``encoder.layer.0``) into a tag.
+    """Turn a tag (``/Model/Layer.0``), a tag without its slash, or a module path (``encoder.layer.0``) into a tag.
 
     Raises :class:`ModuleNotInGraphError` listing close matches when nothing fits.
     """
