@@ -12,14 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._config import split_names
 from ..errors import ConfigError
+from ..inference.feeds import SampleSet
 from ..runtime.session import graph_level
-
-if TYPE_CHECKING:
-    from .calibration import SampleSet
 
 __all__ = [
     "CALIBRATE_METHODS",
