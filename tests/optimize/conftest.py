@@ -1,4 +1,4 @@
-"""Fixtures for quantize/optimize tests: a tiny BERT package, calibration files, the shared digits CNN exported."""
+"""Fixtures for quantize/optimize tests: a tiny BERT package, calibration files, the shared digits CNN."""
 
 from __future__ import annotations
 

@@ -252,7 +252,7 @@ def test_config_paths() -> None:
 def test_text_pipeline_package_loads_in_our_pipeline_and_optimum(
     sst2_dir: Path, tiny_text_base: Path, tmp_path: Path
 ) -> None:
-    """A tiny text run (48 SST-2 phrases, 1 epoch, tiny BERT base): a regular HF text-classification package."""
+    """48 SST-2 phrases, 1 epoch, tiny BERT base: a regular HF text-classification package."""
     import modelexport
 
     small = tmp_path / "small.csv"

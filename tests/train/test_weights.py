@@ -19,8 +19,8 @@ from modelexport.train.weights import TorchWeightOptimizer, TrainConfig, evaluat
 
 @pytest.mark.must
 def test_every_network_type_is_tested() -> None:
-    # image_classifier: test_cnn_learns_digits; text_classifier: test_text_classifier_fits_its_training_phrases
-    # (default run, tiny BERT) and test_text_classifier_learns_sst2_subset (slow, MiniLM)
+    # image_classifier: test_cnn_learns_digits; text_classifier: the default run fits phrases with a tiny
+    # BERT (test_text_classifier_fits_its_training_phrases); MiniLM learns SST-2 in the slow run
     assert set(NETWORKS) == {"image_classifier", "text_classifier"}
 
 
