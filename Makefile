@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: venv
 	$(BIN)/modelexport pipeline
 
+# The default run (not slow) stays under 10 minutes on 2 cores; --durations keeps its slowest tests in view.
+# Serial on purpose: with xdist (PYTEST_ARGS='-n 2', supported) each worker rebuilds the session fixtures
+# (MiniLM export, trained digits CNN), which cost more CPU than the split saves on a busy 2-core machine.
 test: venv
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
 
 test-slow: venv
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)

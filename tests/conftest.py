@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny models, the real all-MiniLM-L6-v2, and exports cached for the session."""
+"""Shared fixtures: tiny models, the real all-MiniLM-L6-v2, exports cached for the session, and the trained
+models every area shares (each trained once per session, read-only afterwards)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,24 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SST2_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One torch thread per test process: the test models are tiny, and on a loaded 2-core machine a second
+    intra-op thread made the digits CNN's training 3-14x slower (threads waiting for a busy core)."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects the slow tests
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``smoke`` promises seconds, ``slow`` minutes: a test cannot be both."""
+    both = [
+        item.nodeid for item in items if item.get_closest_marker("smoke") and item.get_closest_marker("slow")
+    ]
+    if both:
+        raise pytest.UsageError(f"tests marked both smoke and slow: {both}")
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +99,42 @@ def cnn_bn_export(export_cache: ExportCache) -> Any:
         return SmallCNN()
 
     return export_cache.get("cnn_bn", make, keep_batchnorm=True, verify_topology=True)
+
+
+@pytest.fixture(scope="session")
+def digits_data() -> Any:
+    """sklearn digits scaled to [0, 1], the seeded stratified 75/25 split (``DigitsData``)."""
+    from tests.testtime.digits import load_digits_data
+
+    return load_digits_data()
+
+
+@pytest.fixture(scope="session")
+def digits_cnn(digits_data: Any) -> Any:
+    """The BatchNorm + Dropout digits CNN, trained once for every area (test-time, optimize)."""
+    from tests.testtime.digits import train_digits_cnn
+
+    return train_digits_cnn(digits_data)
+
+
+@pytest.fixture(scope="session")
+def tiny_text_base(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A base-model folder for ``text_classifier`` mechanics: a tiny BERT (2 layers, width 32, seeded random
+    weights) with the real all-MiniLM-L6-v2 tokenizer. Fine-tunes in seconds where MiniLM takes minutes."""
+    import torch
+    import transformers
+
+    folder = tmp_path_factory.mktemp("tiny_text_base")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_dir), local_files_only=True)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=37,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

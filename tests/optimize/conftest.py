@@ -1,4 +1,4 @@
-"""Fixtures for quantize/optimize tests: a tiny BERT package, calibration files, a trained digits CNN."""
+"""Fixtures for quantize/optimize tests: a tiny BERT package, calibration files, the shared digits CNN."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-DIGITS_EPOCHS = 12
 
 
 def bert_feeds(n: int, seq: int = 8, vocab: int = 99, seed: int = 0) -> dict[str, np.ndarray]:
@@ -42,45 +40,21 @@ class Digits:
     torch_accuracy: float
 
 
-def _train_digits_cnn(
-    epochs: int = DIGITS_EPOCHS,
-) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    import torch
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    from tests.models.torch_models import SmallCNN
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.25, random_state=0, stratify=y)
-    torch.manual_seed(0)
-    model = SmallCNN(in_channels=1, num_classes=10)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    xt, yt = torch.from_numpy(xtr), torch.from_numpy(ytr).long()
-    for _ in range(epochs):
-        model.train()
-        for idx in torch.randperm(len(xt)).split(64):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(xt[idx]), yt[idx]).backward()
-            opt.step()
-    return model.eval(), xtr, ytr, xte, yte
-
-
 @pytest.fixture(scope="session")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> Digits:
-    """SmallCNN trained on sklearn digits (75/25 split), exported; calibration and held-out .npz files."""
+def digits(digits_data: Any, digits_cnn: Any, tmp_path_factory: pytest.TempPathFactory) -> Digits:
+    """The shared trained digits CNN (tests/conftest.py) exported plainly (BatchNorm folded, Dropout gone);
+    calibration and held-out (450 images) .npz files."""
     import torch
 
     import modelexport
 
-    model, xtr, _, xte, yte = _train_digits_cnn()
     with torch.no_grad():
-        acc = float((model(torch.from_numpy(xte)).argmax(-1).numpy() == yte).mean())
+        predicted = digits_cnn(torch.from_numpy(digits_data.x_test)).argmax(-1).numpy()
+    acc = float((predicted == digits_data.y_test).mean())
     root = tmp_path_factory.mktemp("digits")
-    result = modelexport.export(model, root / "pkg", input_shape=(1, 1, 8, 8))
-    np.savez(root / "calib.npz", x=xtr[:128])
-    np.savez(root / "test.npz", x=xte, y=yte)
+    result = modelexport.export(digits_cnn, root / "pkg", input_shape=(1, 1, 8, 8))
+    np.savez(root / "calib.npz", x=digits_data.x_train[:128])
+    np.savez(root / "test.npz", x=digits_data.x_test, y=digits_data.y_test)
     return Digits(Path(result.onnx_path), root / "calib.npz", root / "test.npz", acc)
 
 

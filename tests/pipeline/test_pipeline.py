@@ -250,15 +250,15 @@ def test_config_paths() -> None:
 @pytest.mark.smoke
 @pytest.mark.integration
 def test_text_pipeline_package_loads_in_our_pipeline_and_optimum(
-    sst2_dir: Path, minilm_dir: Path, tmp_path: Path
+    sst2_dir: Path, tiny_text_base: Path, tmp_path: Path
 ) -> None:
-    """A tiny text run (48 SST-2 phrases, 1 epoch): a regular HF text-classification package."""
+    """48 SST-2 phrases, 1 epoch, tiny BERT base: a regular HF text-classification package."""
     import modelexport
 
     small = tmp_path / "small.csv"
     small.write_text("".join((sst2_dir / "train.csv").read_text().splitlines(keepends=True)[:61]))
     result = run_pipeline(
-        model_type="text_classifier", dataset_path=str(small), base_model=str(minilm_dir), output_model=str(tmp_path / "txt"),
+        model_type="text_classifier", dataset_path=str(small), base_model=str(tiny_text_base), output_model=str(tmp_path / "txt"),
         epochs=1, batch_size=8, quantize="none", iterations=1, progress=False,
     )  # fmt: skip
     pkg = result.config.package_dir

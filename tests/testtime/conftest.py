@@ -1,4 +1,5 @@
-"""Session fixtures: the digits CNN (trained once), its exports, and tiny models exported once."""
+"""Session fixtures: the shared digits CNN's export (the CNN is trained once in tests/conftest.py), and tiny
+models exported once."""
 
 from __future__ import annotations
 
@@ -7,20 +8,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.testtime.digits import DigitsData, load_digits_data, train_digits_cnn
+from tests.testtime.digits import DigitsData
 
 
 @pytest.fixture(scope="session")
-def digits() -> DigitsData:
-    return load_digits_data()
-
-
-@pytest.fixture(scope="session")
-def digits_cnn(digits: DigitsData) -> Any:
-    import torch
-
-    torch.set_num_threads(2)
-    return train_digits_cnn(digits)
+def digits(digits_data: DigitsData) -> DigitsData:
+    """The test-time tests' name for the shared digits split."""
+    return digits_data
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ def load_digits_data(test_fraction: float = 0.25, seed: int = 0) -> DigitsData:
 
 
 def train_digits_cnn(data: DigitsData, epochs: int = 12, seed: int = 0) -> DigitsCNN:
-    """A few epochs of Adam; about two seconds on two CPU cores."""
+    """A few epochs of Adam; about two seconds on one torch thread (tests/conftest.py sets one)."""
     torch.manual_seed(seed)
     model = DigitsCNN()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

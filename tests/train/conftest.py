@@ -42,3 +42,25 @@ def deployed_digits(trained_digits: Any, tmp_path_factory: pytest.TempPathFactor
     out = tmp_path_factory.mktemp("digits_export")
     result = export_network(program.network, out, keep_batchnorm=True)
     return program, Path(result.onnx_path)
+
+
+@pytest.fixture(scope="session")
+def trained_text(tiny_text_base: Path, sst2_dir: Path) -> tuple[Any, Any, Any]:
+    """A text classifier on the tiny BERT base, fitted to 64 SST-2 phrases (8 epochs, about a second).
+
+    Mechanics, not accuracy: a width-32 BERT from random weights cannot generalise from 64 phrases, but it
+    must fit them (the MiniLM accuracy test is slow)."""
+    from modelexport.data import load_dataset
+    from modelexport.train.networks import NetworkOptions, build_network
+    from modelexport.train.program import ClassifierProgram, to_examples
+    from modelexport.train.weights import TorchWeightOptimizer, TrainConfig
+
+    train = load_dataset(sst2_dir / "train.csv").subset(range(64))
+    network = build_network(
+        "text_classifier", train, NetworkOptions(base_model=str(tiny_text_base), max_length=64)
+    )
+    program = ClassifierProgram(network)
+    config = TrainConfig(epochs=8, batch_size=16, learning_rate=1e-2, patience=8, progress=False)
+    optimizer = TorchWeightOptimizer(config)
+    optimizer.compile(program, trainset=to_examples(train))
+    return program, optimizer, train

@@ -19,7 +19,8 @@ from modelexport.train.weights import TorchWeightOptimizer, TrainConfig, evaluat
 
 @pytest.mark.must
 def test_every_network_type_is_tested() -> None:
-    # image_classifier: test_cnn_learns_digits; text_classifier: test_text_classifier_learns_sst2_subset
+    # image_classifier: test_cnn_learns_digits; text_classifier: the default run fits phrases with a tiny
+    # BERT (test_text_classifier_fits_its_training_phrases); MiniLM learns SST-2 in the slow run
     assert set(NETWORKS) == {"image_classifier", "text_classifier"}
 
 
@@ -112,7 +113,18 @@ def test_network_must_match_the_data_kind(tmp_path: Path) -> None:
         build_network("nope", load_dataset(tmp_path / "d.csv"))
 
 
-@pytest.mark.smoke
+@pytest.mark.sanity
+def test_text_classifier_fits_its_training_phrases(trained_text: Any) -> None:
+    """The whole HF encoder + head trains: the loss falls and the 64 training phrases are fitted."""
+    program, optimizer, train = trained_text
+    losses = [row["loss"] for row in optimizer.summary.history]
+    assert optimizer.summary.epochs_run == 8 and min(losses) < losses[0] / 2
+    assert optimizer.summary.train_accuracy >= 0.9 and program.accuracy(train) >= 0.9
+    assert program.network.module.config.id2label == {0: "0", 1: "1"}
+    assert program(text="a great movie").label in {"0", "1"}
+
+
+@pytest.mark.slow
 @pytest.mark.integration
 def test_text_classifier_learns_sst2_subset(minilm_dir: Path, sst2_dir: Path) -> None:
     """MiniLM + head, 320 SST-2 phrases, 2 epochs: above chance on 200 held-out dev phrases."""
