@@ -27,6 +27,16 @@ __all__ = [
 MAX_JSON_BYTES = 256 * 1024 * 1024
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+#: Read once at import: os.umask can only be read by setting it, which is not thread-safe mid-run.
+_UMASK = _read_umask()
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temp path beside ``target``; rename it over ``target`` only if the block succeeds."""
@@ -40,6 +50,8 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        if tmp_path.exists():  # mkstemp makes 0600 files; give the output the usual umask-based mode
+            os.chmod(tmp_path, 0o666 & ~_UMASK)
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
