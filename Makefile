@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all]'
 	# torchvision has no build for this CPU torch; something may pull it in and it breaks transformers' imports.
 	-$(BIN)/python -m pip uninstall -q -y torchvision
+	# The report's browser tests need Chromium (Debian's package; root on a fresh CI machine). Without it they skip.
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || (apt-get update -q && apt-get install -y -q chromium chromium-driver) \
+		|| echo "Chromium could not be installed: the report's browser tests will be skipped"
 	touch $(STAMP)
 
 demo: venv

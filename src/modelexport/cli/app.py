@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "compare": "modelexport.cli.inspect:compare_cmd",
     "extract": "modelexport.cli.inspect:extract_cmd",
     "profile": "modelexport.cli.inspect:profile_cmd",
+    "report": "modelexport.cli.report:report_cmd",
     "evaluate": "modelexport.cli.evaluate:evaluate_cmd",
     "pipeline": "modelexport.cli.pipeline:pipeline_cmd",
 }

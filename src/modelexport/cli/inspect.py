@@ -322,6 +322,12 @@ def extract_cmd(
 @click.option(
     "--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write to FILE (.json for json)."
 )
+@click.option(
+    "--node-data",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write a Model Explorer node-data overlay (.json): kernel time per node, summed per layer.",
+)
 def profile_cmd(
     model: str,
     runs: int,
@@ -332,12 +338,18 @@ def profile_cmd(
     top_k: int,
     fmt: str | None,
     output: str | None,
+    node_data: str | None,
 ) -> int:
     """Where the time goes, per module: ORT's per-node profile joined with the hierarchy tags."""
+    from ..inspect.node_data import profile_overlay, write_node_data
     from ..inspect.profile import ProfileConfig, profile
 
     cfg = ProfileConfig(
         runs=runs, warmup=warmup, providers=ep or (), optimization=optimization, top_k=top_k, inputs=inputs
     )
-    _emit("profile", profile(model, cfg), fmt, output, "text")
+    result = profile(model, cfg)
+    _emit("profile", result, fmt, output, "text")
+    if node_data:
+        write_node_data(node_data, profile_overlay(model, result))
+        click.echo(f"wrote {node_data}", err=True)
     return 0

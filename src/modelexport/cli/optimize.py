@@ -163,6 +163,12 @@ def quantize_summary(result: Any) -> str:
     help="Per top-level module: max/mean abs error of its outputs, int8 vs fp32.",
 )
 @click.option(
+    "--node-data",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="With --error-report: write a Model Explorer node-data overlay (.json) of each module's error.",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json"]),
@@ -173,6 +179,9 @@ def quantize_summary(result: Any) -> str:
 def quantize_cmd(model: str, output: str, preset: str | None, **opts: Any) -> int:
     """int8-quantize MODEL; hierarchy tags, metadata and the sidecar are carried to the output."""
     fmt = opts.pop("fmt")
+    node_data = opts.pop("node_data")
+    if node_data and not opts["error_report"]:
+        raise click.UsageError("--node-data writes the error report's overlay; add --error-report")
     run = {k: opts.pop(k) for k in ("eval_data", "eval_samples", "error_report")}
     opts["preprocess"] = not opts.pop("no_preprocess")
     opts["exclude_modules"] = tuple(opts["exclude_modules"])
@@ -180,6 +189,10 @@ def quantize_cmd(model: str, output: str, preset: str | None, **opts: Any) -> in
     base = QuantizeConfig.preset(preset) if preset else QuantizeConfig()
     config = base.with_changes(**{k: v for k, v in opts.items() if v is not None})
     result = quantize(model, output, config, **run)
+    if node_data:
+        from ..inspect.node_data import error_overlay, write_node_data
+
+        write_node_data(node_data, error_overlay(result.output_path, result.error_report or []))
     click.echo(
         json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else quantize_summary(result)
     )

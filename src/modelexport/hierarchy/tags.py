@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 __all__ = [
+    "NAMESPACE_KEY",
     "TAG_KEY",
     "TAG_SOURCE_KEY",
     "TAG_PATTERN",
@@ -25,6 +26,8 @@ __all__ = [
 
 TAG_KEY = "modelexport.hierarchy_tag"
 TAG_SOURCE_KEY = "modelexport.tag_source"  # "scope" | "propagated" | "inherited" (added by a transform)
+#: Read by Model Explorer's ONNX adapter to group nodes into layers: our tag's levels, without the leading slash.
+NAMESPACE_KEY = "namespace"
 _SEGMENT = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*"
 TAG_PATTERN = re.compile(rf"^(?:/{_SEGMENT})+$")
 
@@ -79,8 +82,15 @@ def read_node_tags(model: Any) -> dict[str, dict[str, str | None]]:
 
 
 def set_props(holder: Any, updates: dict[str, str]) -> None:
-    """Set (or replace) entries of ``holder.metadata_props`` (a NodeProto or a ModelProto), keeping the others."""
+    """Set (or replace) entries of ``holder.metadata_props`` (a NodeProto or a ModelProto), keeping the others.
+
+    Setting a node's tag also sets its ``namespace`` (the tag without the leading slash), so every pass that
+    tags or re-tags nodes leaves a model that Model Explorer shows with our hierarchy as collapsible layers
+    (the dynamo exporter's own namespace value is replaced; ORT's quantizer and fusions drop it).
+    """
     wanted = dict(updates)
+    if updates.get(TAG_KEY):
+        wanted.setdefault(NAMESPACE_KEY, updates[TAG_KEY].lstrip("/"))
     for prop in holder.metadata_props:
         if prop.key in wanted:
             prop.value = wanted.pop(prop.key)

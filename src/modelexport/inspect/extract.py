@@ -25,7 +25,7 @@ from ..errors import ExportError, TagError
 from ..hierarchy.graph import resolve_module
 from .loading import load_tagged_model
 
-__all__ = ["ModuleSubgraph", "extract_module_subgraph", "call_instances"]
+__all__ = ["ModuleSubgraph", "extract_module_subgraph", "call_instances", "module_boundary"]
 
 
 @dataclass
@@ -192,6 +192,14 @@ def _boundary(model: Any, index: Any, nodes: list[int], copied: set[int]) -> _Bo
         else:
             internal.append(t)
     return _Boundary(inputs, outputs, internal, weights, [index.keys[i] for i in sorted(ops)])
+
+
+def module_boundary(model: Any, index: Any, tag: str) -> dict[str, list[str]]:
+    """What ``extract --call all`` would cut for ``tag``: its input, output and weight tensors (no model built)."""
+    nodes = index.nodes_within(tag)
+    pulled = _constant_closure(model, index, set(nodes))
+    b = _boundary(model, index, sorted(set(nodes) | set(pulled)), set(pulled))
+    return {"inputs": b.inputs, "outputs": b.outputs, "weights": b.weights}
 
 
 def _value_infos(model: Any, names: set[str]) -> dict[str, Any]:

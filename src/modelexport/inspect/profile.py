@@ -98,6 +98,10 @@ class ProfileResult:
     unattributed: dict[str, float] = field(default_factory=dict)
     #: Nodes ONNX Runtime created (fusions, folded constants), attributed through their tensors.
     ort_created: list[str] = field(default_factory=list)
+    #: Mean microseconds per run of every timed node of the model's own graph (node key -> us).
+    node_us: dict[str, float] = field(default_factory=dict)
+    #: How it ran: optimization level, warm-up runs, intra-op threads, input shapes.
+    settings: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,8 +183,20 @@ def ort_node_tags(optimized: Any, index: Any) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _run_profiled(tm: Any, cfg: ProfileConfig, tmp: Path) -> tuple[list[dict[str, Any]], str, Any]:
-    """Run with profiling; returns (events, provider, ORT's optimized graph or None)."""
+def _settings(cfg: ProfileConfig, sess: Any, feed: dict[str, Any]) -> dict[str, Any]:
+    threads = sess.get_session_options().intra_op_num_threads
+    return {
+        "optimization": cfg.optimization,
+        "warmup": cfg.warmup,
+        "intra_op_threads": threads or "default (one per core)",
+        "inputs": {k: f"{v.dtype}[{','.join(str(d) for d in v.shape)}]" for k, v in feed.items()},
+    }
+
+
+def _run_profiled(
+    tm: Any, cfg: ProfileConfig, tmp: Path
+) -> tuple[list[dict[str, Any]], str, Any, dict[str, Any]]:
+    """Run with profiling; returns (events, provider, ORT's optimized graph or None, run settings)."""
 
     optimized_path = tmp / "optimized.onnx"
     sess, info = create_session(
@@ -202,7 +218,7 @@ def _run_profiled(tm: Any, cfg: ProfileConfig, tmp: Path) -> tuple[list[dict[str
         optimized = load_onnx(optimized_path, weights=False) if optimized_path.is_file() else None
     except (OSError, ValueError, IndexError):  # attribution then falls back to node names only
         optimized = None
-    return events, info.provider, optimized
+    return events, info.provider, optimized, _settings(cfg, sess, feed)
 
 
 def profile(model: Any, config: ProfileConfig | None = None, **options: Any) -> ProfileResult:
@@ -211,7 +227,7 @@ def profile(model: Any, config: ProfileConfig | None = None, **options: Any) -> 
     tm = load_tagged_model(model)
     index = tm.index
     with tempfile.TemporaryDirectory(prefix="modelexport-profile-") as tmp:
-        events, provider, optimized = _run_profiled(tm, cfg, Path(tmp))
+        events, provider, optimized, settings = _run_profiled(tm, cfg, Path(tmp))
     tags = dict(zip(index.keys, index.tags, strict=True))
     per_node, unknown, wall = aggregate_events(events, tags, cfg.warmup)
     created = ort_node_tags(optimized, index) if optimized is not None else {}
@@ -241,6 +257,8 @@ def profile(model: Any, config: ProfileConfig | None = None, **options: Any) -> 
         [NodeTiming(k, op, tag, us, us / kernel if kernel else 0.0) for k, op, tag, us in top],
         left,
         sorted(k for k in unknown if k in created),
+        {k: us for k, _, _, us in rows if k not in created},
+        settings,
     )
 
 
