@@ -5,7 +5,14 @@ Two CNNs with BatchNorm and Dropout, exported with both kept: ``small`` (tests' 
 overhead dominates) and ``medium`` (32/64/128 channels, 3x64x64, compute and memory dominate).
 Prints medians and ratios and writes benchmarks/results/test_time.json.
 
+``--streams``: accuracy instead of cost -- the stream-robustness matrix of issue 14: the digits CNN on corrupted
+digits (noise, contrast, blur at severities 3 and 5), batch 64 and batch 1, shuffled / class-sorted / Dirichlet
+0.1 orders, episodic and continual, for none, BN (exact), BN with prior, stream BN, Tent and sar; prints the
+table and the targets' numbers, writes benchmarks/results/test_time_streams.json (minutes: batch 1 runs the
+torch path once per example).
+
     python benchmarks/test_time.py [--batches 1,16] [--repeats 20] [--threads 1]
+    python benchmarks/test_time.py --streams [--stream-batches 64,1]
 """
 
 from __future__ import annotations
@@ -94,6 +101,40 @@ def _models() -> dict[str, tuple[object, tuple[int, ...]]]:
     }
 
 
+def streams(batches: list[int]) -> int:
+    """The stream-robustness matrix (tests/testtime/robustness.py) on a freshly trained digits CNN."""
+    import json
+
+    from tests.testtime.digits import load_digits_data, train_digits_cnn
+    from tests.testtime.robustness import corrupted_sets, matrix, summary
+
+    import modelexport
+
+    data = load_digits_data()
+    with tempfile.TemporaryDirectory() as tmp:
+        export = modelexport.export(
+            train_digits_cnn(data), tmp, keep_batchnorm=True, keep_dropout=True, input_shape=(1, 1, 8, 8)
+        )
+        sets = {"clean": data.x_test, **corrupted_sets(data.x_test)}
+        rows = matrix(export.onnx_path, sets, data.y_test, batches)
+    cols = sorted({(r["method"], r["mode"]) for r in rows}, key=lambda k: (list(_ORDER).index(k[0]), k[1]))
+    print("| batch | order | data | " + " | ".join(f"{m}/{mode[:4]}" for m, mode in cols) + " |")
+    print("|---" * (3 + len(cols)) + "|")
+    acc = {(r["batch"], r["order"], r["data"], r["method"], r["mode"]): r["accuracy"] for r in rows}
+    for key in dict.fromkeys((r["batch"], r["order"], r["data"]) for r in rows):
+        print(
+            f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(f"{acc[(*key, *c)]:.3f}" for c in cols) + " |"
+        )
+    result = summary(rows)
+    print(json.dumps(result, indent=2))
+    out = write_results("test_time_streams", {"n_test": len(data.y_test), "rows": rows, "summary": result})
+    print(f"wrote {out}")
+    return 0
+
+
+_ORDER = ("none", "bn", "bn-prior", "bn-stream", "tent", "sar")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,16", help="batch sizes to measure")
@@ -101,6 +142,10 @@ def main() -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="ONNX Runtime intra-op and torch (Tent) threads"
     )
+    parser.add_argument(
+        "--streams", action="store_true", help="the stream-robustness accuracy matrix instead"
+    )
+    parser.add_argument("--stream-batches", default="64,1", help="batch sizes of the --streams matrix")
     args = parser.parse_args()
 
     import torch
@@ -108,6 +153,8 @@ def main() -> int:
     import modelexport
 
     torch.set_num_threads(args.threads)
+    if args.streams:
+        return streams([int(b) for b in args.stream_batches.split(",")])
     results: dict[str, dict[int, dict[str, dict[str, float]]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, (model, shape) in _models().items():

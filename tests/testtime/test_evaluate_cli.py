@@ -148,3 +148,20 @@ def test_missing_data_and_mismatched_classes(
     assert "Error:" in capsys.readouterr().err
     assert main(["evaluate", str(mlp_export.onnx_path), "--data", str(digits_npz)]) == 1
     assert "Error:" in capsys.readouterr().err
+
+
+@pytest.mark.must
+def test_evaluate_order_and_stream_are_printed_and_applied(
+    digits_export: Any, digits_npz: Path, capsys: Any
+) -> None:
+    base = ["evaluate", str(digits_export.onnx_path), "--data", str(digits_npz), "--ttt", "bn"]
+    assert (
+        main([*base, "--order", "class-sorted", "--stream", "--momentum", "0.05", "--bn-prior", "128"]) == 0
+    )
+    assert "stream order class-sorted, continual (one stream)" in capsys.readouterr().out
+    sorted_exact = _json(capsys, [*base, "--order", "class-sorted", "--format", "json"])
+    shuffled_exact = _json(capsys, [*base, "--order", "shuffle", "--format", "json"])
+    assert sorted_exact["order"] == "class-sorted" and not sorted_exact["stream"]
+    assert sorted_exact["accuracy"] < shuffled_exact["accuracy"] - 0.05  # one-class batches break exact BN
+    assert main([*base, "--order", "dirichlet:-1"]) == 1
+    assert "alpha must be > 0" in capsys.readouterr().err

@@ -44,9 +44,37 @@ def test_search_covers_tta_aggregation_and_bn_iterations(searched: Any) -> None:
     policies = [t.policy for t in optimizer.result.trials]
     assert any(p.is_plain for p in policies)
     assert {p.tta_aggregate for p in policies if p.tta_transforms} == {"mean", "geometric_mean"}
-    assert {p.ttt_iterations for p in policies if p.ttt == "bn"} == {1, 2}
+    assert {p.ttt_iterations for p in policies if p.ttt == "bn" and not p.bn_prior} == {1, 2}
+    assert any(p.ttt == "bn" and p.bn_prior for p in policies)  # a source prior
+    assert any(p.ttt == "bn" and not p.episodic for p in policies)  # continual running statistics
     assert any(p.tta_transforms and p.ttt == "bn" for p in policies)
     assert all(t.latency_ms > 0 for t in optimizer.result.trials)
+
+
+@pytest.mark.must
+def test_candidates_are_validated_on_shuffled_and_class_sorted_streams(searched: Any) -> None:
+    """Exact BN on class-sorted batches (one or two digits each) loses to plain: it can never be chosen."""
+    _, optimizer = searched
+    result = optimizer.result
+    assert set(result.plain.by_order) == {"stratified", "class-sorted"}
+    for t in result.trials:
+        assert t.accuracy == min(t.by_order.values())
+        assert t.safe == all(t.by_order[o] >= result.plain.by_order[o] for o in t.by_order)
+    exact = next(
+        t
+        for t in result.trials
+        if t.policy.ttt == "bn"
+        and not t.policy.bn_prior
+        and t.policy.episodic
+        and not t.policy.tta_transforms
+    )
+    assert exact.by_order["class-sorted"] < result.plain.by_order["class-sorted"] and not exact.safe
+    assert result.best.safe
+    assumptions = result.to_dict()["stream_assumptions"]
+    assert assumptions["orders"] == ["stratified", "class-sorted"] and assumptions["batch_size"] == 64
+    assert assumptions["adaptation"] in ("episodic", "continual")
+    with pytest.raises(TestTimeError, match="valid: as-is"):
+        PolicySearchSpace(orders=("sorted",))
 
 
 @pytest.mark.sanity

@@ -23,6 +23,8 @@ def _table(result: Any) -> str:
         f"model {result.model}: n={result.n}, batch size {result.batch_size}, provider {result.provider}; "
         f"tta={','.join(p['tta_transforms']) or '-'} ({p['tta_aggregate']}), ttt={p['ttt']}, mc_dropout={p['mc_dropout']}"
     )
+    mode = "continual (one stream)" if result.stream else "episodic (reset per batch)"
+    lines.append(f"stream order {result.order}, {mode}; collapse-guard resets: {result.resets}")
     if result.n_augmented and p.get("adaptive_threshold"):
         lines.append(f"adaptive TTA augmented {result.n_augmented} of {result.n} examples")
     if result.mean_entropy is not None:
@@ -57,10 +59,38 @@ def _table(result: Any) -> str:
 )
 @click.option(
     "--ttt",
-    type=click.Choice(["none", "bn", "tent"]),
+    type=click.Choice(["none", "bn", "tent", "sar"]),
     default="none",
     show_default=True,
-    help="Test-time adaptation.",
+    help="Test-time adaptation: bn statistics, tent, sar (reliable entropy minimisation, EATA/SAR-style).",
+)
+@click.option(
+    "--bn-prior",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Source statistics' weight in pseudo-examples (batch of n gets n/(n+N)); use with class-sorted "
+    "batches or batch size 1.",
+)
+@click.option(
+    "--order",
+    default="as-is",
+    show_default=True,
+    help="Stream order to test under: as-is, shuffle, class-sorted, dirichlet:ALPHA (seeded by --seed).",
+)
+@click.option(
+    "--stream", is_flag=True, help="Continual adaptation across batches (one stream) instead of per batch."
+)
+@click.option(
+    "--reset-every", type=int, default=None, help="With --stream: reset to the source every N batches."
+)
+@click.option(
+    "--collapse-threshold",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="Collapse guard: reset to the source when predicted-class entropy over the stream falls below "
+    "this fraction of log(C) (0: off).",
 )
 @click.option(
     "--ttt-iterations",
@@ -69,7 +99,11 @@ def _table(result: Any) -> str:
     help="BN passes (default: one per BN layer) or Tent steps (default 1).",
 )
 @click.option(
-    "--momentum", type=float, default=1.0, show_default=True, help="BN blend: 1 = test-batch statistics only."
+    "--momentum",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="BN blend: 1 = test-batch statistics only; with --stream, the running statistics' momentum.",
 )
 @click.option(
     "--learning-rate", type=float, default=1e-3, show_default=True, help="Tent learning rate (Adam)."
@@ -102,6 +136,11 @@ def evaluate_cmd(
     tta_aggregate: str,
     tta_threshold: float | None,
     ttt: str,
+    bn_prior: float,
+    order: str,
+    stream: bool,
+    reset_every: int | None,
+    collapse_threshold: float,
     ttt_iterations: int | None,
     momentum: float,
     learning_rate: float,
@@ -121,6 +160,10 @@ def evaluate_cmd(
         tta_aggregate=tta_aggregate,
         adaptive_threshold=tta_threshold,
         ttt=ttt,
+        bn_prior=bn_prior,
+        episodic=not stream,
+        reset_every=reset_every,
+        collapse_threshold=collapse_threshold,
         ttt_iterations=ttt_iterations,
         momentum=momentum,
         learning_rate=learning_rate,
@@ -133,6 +176,8 @@ def evaluate_cmd(
         policy,
         batch_size=batch_size,
         baseline=baseline,
+        order=order,
+        stream=stream,
         providers=[p for p in (providers or "").split(",") if p],
     )
     click.echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else _table(result))

@@ -21,6 +21,7 @@ from ..errors import DatasetError, TestTimeError
 from ..onnxfile import resolve_model_path
 from ..testtime.engine import TestTimeEngine
 from ..testtime.policy import TestTimePolicy
+from ..testtime.streams import Stream, StreamOrder, stream_order
 from .feeds import dataset_samples
 from .processors import BaseONNXProcessor, ONNXAutoProcessor
 
@@ -38,6 +39,12 @@ class EvaluationResult:
     n: int
     batch_size: int
     policy: dict[str, Any]
+    #: The stream order the batches came in (``as-is``, ``shuffle``, ``class-sorted``, ``dirichlet:A``).
+    order: str = "as-is"
+    #: Continual adaptation across the batches (one stream) instead of episodic (reset per batch).
+    stream: bool = False
+    #: Collapse-guard resets to the source during the run.
+    resets: int = 0
     n_views: int = 1
     n_augmented: int = 0
     mean_entropy: float | None = None
@@ -81,18 +88,19 @@ def _prepare(
 def _measure(
     engine: TestTimeEngine, batches: list[Any], processor: Any, num_classes: int | None
 ) -> dict[str, Any]:
-    def one(item: Any) -> Any:
+    def one(item: Any, stream: Stream) -> Any:
         if isinstance(item, list):  # texts: TTA augments the strings, then tokenizes
             if engine.policy.tta_transforms:
                 return engine.predict_texts(item, processor)
-            return engine.run(_select(processor(texts=item), engine))
-        return engine.run(_select(item, engine))
+            return engine.run(_select(processor(texts=item), engine), stream)
+        return engine.run(_select(item, engine), stream)
 
-    one(batches[0][0])  # warm-up (session allocation), not timed
+    one(batches[0][0], engine.new_stream())  # warm-up (session allocation), not timed, on its own stream
+    stream = engine.new_stream()  # every batch of the run: one stream (continual policies adapt along it)
     correct, n, times, views, augmented, entropies = 0, 0, [], 1, 0, []
     for item, labels in batches:
         start = time.perf_counter()
-        result = one(item)
+        result = one(item, stream)
         times.append(time.perf_counter() - start)
         probs = result if isinstance(result, np.ndarray) else result.probs
         if probs.ndim != 2:
@@ -117,6 +125,7 @@ def _measure(
         "n_views": views,
         "n_augmented": augmented,
         "mean_entropy": round(float(np.concatenate(entropies).mean()), 6) if entropies else None,
+        "resets": stream.resets,
     }
 
 
@@ -133,13 +142,26 @@ def evaluate(
     baseline: bool = False,
     providers: list[str] | tuple[str, ...] | None = None,
     torch_model: Any = None,
+    order: str | StreamOrder = "as-is",
+    stream: bool = False,
 ) -> EvaluationResult:
-    """Accuracy, latency p50/p95 per batch and throughput of ``policy`` on ``data`` (a path, spec or Dataset)."""
+    """Accuracy, latency p50/p95 per batch and throughput of ``policy`` on ``data`` (a path, spec or Dataset).
+
+    ``order``: the stream order of the examples (seeded by the policy's seed); ``stream``: adapt continually
+    across the batches (the policy's ``episodic`` is set False) instead of resetting per batch.
+    """
     if batch_size < 1:
         raise TestTimeError(f"batch_size must be >= 1, got {batch_size}")
     policy = policy or TestTimePolicy()
+    if stream:
+        policy = policy.with_changes(episodic=False)
+    order = stream_order(order, policy.seed)
     path = resolve_model_path(model)
     dataset = data if isinstance(data, Dataset) else load_dataset(str(data))
+    if order.kind != "as-is":
+        if dataset.labels is None:
+            raise DatasetError(f"--order {order} needs labelled data; {dataset.source} has no labels")
+        dataset = dataset.subset(order.indices(dataset.labels))
     runs = [(policy, torch_model)] + ([(TestTimePolicy(), None)] if baseline else [])
     results: list[EvaluationResult] = []
     for pol, tm in runs:
@@ -150,6 +172,8 @@ def evaluate(
             EvaluationResult(
                 batch_size=batch_size,
                 policy=pol.to_dict(),
+                order=str(order),
+                stream=not pol.episodic,
                 provider=engine.session_info.provider,
                 model=str(path),
                 **measured,

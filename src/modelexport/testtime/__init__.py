@@ -14,7 +14,12 @@ Stable public API (other parts of modelexport and users build on these names)::
 
 - ``TestTimePolicy`` (frozen, validated; ``to_dict``/``from_dict``; presets in ``POLICY_PRESETS``): TTA transforms
   and aggregator, ``modality`` (auto/image/text/tensor), ``adaptive_threshold``, ``batched``, ``ttt``
-  (none/bn/tent), ``ttt_iterations``, ``momentum``, ``learning_rate``, ``episodic``, ``mc_dropout``, ``seed``.
+  (none/bn/tent/sar), ``ttt_iterations``, ``momentum``, ``bn_prior``, ``learning_rate``, ``episodic``,
+  ``reset_every``, ``collapse_threshold``/``collapse_window`` (the collapse guard), ``reliable_entropy``,
+  ``mc_dropout``, ``seed``.
+- Real streams (``streams``): ``StreamOrder`` (as-is, shuffle, stratified, class-sorted, dirichlet:ALPHA),
+  ``CollapseGuard``, ``Stream``; methods in ``methods.ADAPTATION_METHODS`` (``sar``: reliable entropy
+  minimisation, EATA/SAR-style, in ``sar.py``).
 - Registries joined by decorator: ``TRANSFORMS`` (``register_transform``), ``AGGREGATORS``
   (``register_aggregator``), ``ADAPTATION_METHODS``, ``CORRUPTIONS``.
 - Building blocks: ``BNAdapter`` (BN statistics in ONNX Runtime), ``tent_adapt`` / ``OnnxTorchModule`` (Tent),
@@ -31,12 +36,13 @@ from .adapt import BNAdapter, BNLayer, BNState, find_bn_layers
 from .aggregate import AGGREGATORS, aggregate, entropy, register_aggregator
 from .augment import MODALITIES, TRANSFORMS, Transform, make_views, register_transform, transforms_for
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
-from .engine import Stream, TestTimeEngine, TestTimeResult
+from .engine import TestTimeEngine, TestTimeResult
 from .ensemble import Ensemble
 from .interpreter import SUPPORTED_OPS, OnnxTorchModule
 from .iterative import IterationResult, build_loop_model, iterate
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .policy import ADAPTATION_METHODS, POLICY_PRESETS, TestTimePolicy, policy_preset
+from .streams import CollapseGuard, Stream, StreamOrder
 from .tent import tent_adapt
 
 __all__ = [
@@ -46,6 +52,7 @@ __all__ = [
     "BNLayer",
     "BNState",
     "CORRUPTIONS",
+    "CollapseGuard",
     "Ensemble",
     "IterationResult",
     "MCDropoutResult",
@@ -55,6 +62,7 @@ __all__ = [
     "SEVERITIES",
     "SUPPORTED_OPS",
     "Stream",
+    "StreamOrder",
     "TRANSFORMS",
     "TestTimeEngine",
     "TestTimePolicy",

@@ -6,8 +6,16 @@ runs with any adapted state passed per call: concurrent callers never see each o
 the source model is never modified. ``adapted_model(state)`` writes a state into a *copy* of the model.
 
 Each iteration runs the batch with the current state, measures every BN input's per-channel mean and
-(biased) variance, and blends them with the prior: ``new = (1 - momentum) * prior + momentum * batch``.
-With momentum 1 and one iteration per BN layer the result equals PyTorch's train-mode BatchNorm on the batch.
+(biased) variance, and blends them with the prior as a mixture of two distributions with batch weight
+``w = momentum * n / (n + prior_strength)`` (``n``: examples in the batch; ``prior_strength``: the prior's
+weight in pseudo-examples, "BN adaptation with N source samples", Schneider et al. 2020)::
+
+    mean = (1 - w) * prior_mean + w * batch_mean
+    var  = (1 - w) * prior_var + w * batch_var + w * (1 - w) * (batch_mean - prior_mean) ** 2
+
+With ``w = 1`` and one iteration per BN layer the result equals PyTorch's train-mode BatchNorm on the batch.
+A class-sorted batch (one class only) or a single example gives statistics far from the population's: a
+prior strength or a stream's running statistics (the prior = the previous batches') keep them close to it.
 """
 
 from __future__ import annotations
@@ -125,20 +133,30 @@ class BNAdapter:
         prior: BNState | None = None,
         momentum: float = 1.0,
         iterations: int | None = None,
+        prior_strength: float = 0.0,
     ) -> BNState:
         """A new state from ``prior`` (default: the source) blended with this batch's statistics.
 
-        ``iterations`` None: one pass per BN layer (exact train-mode statistics for momentum 1).
+        ``iterations`` None: one pass per BN layer (exact train-mode statistics for weight 1).
         """
         if not 0.0 < momentum <= 1.0:
             raise TestTimeError(f"momentum must be in (0, 1], got {momentum}")
+        if prior_strength < 0:
+            raise TestTimeError(f"prior_strength must be >= 0, got {prior_strength}")
+        n = len(next(iter(feeds.values())))
+        w = momentum * n / (n + prior_strength)
         prior = {**self.source_state, **(prior or {})}
         state = dict(prior)
         for _ in range(self.exact_iterations() if iterations is None else max(1, iterations)):
             stats = self.batch_statistics(feeds, state)
-            for name, value in stats.items():
-                blended = (1.0 - momentum) * prior[name].astype(np.float64) + momentum * value
-                state[name] = blended.astype(prior[name].dtype)
+            for layer in self.layers:
+                p_mean = prior[layer.mean].astype(np.float64)
+                p_var = prior[layer.var].astype(np.float64)
+                b_mean, b_var = stats[layer.mean], stats[layer.var]
+                mean = (1.0 - w) * p_mean + w * b_mean
+                var = (1.0 - w) * p_var + w * b_var + w * (1.0 - w) * (b_mean - p_mean) ** 2
+                state[layer.mean] = mean.astype(prior[layer.mean].dtype)
+                state[layer.var] = var.astype(prior[layer.var].dtype)
         return state
 
     def exact_iterations(self) -> int:

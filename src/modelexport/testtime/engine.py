@@ -9,9 +9,8 @@ holds (``engine.new_stream()``), so concurrent callers are isolated.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,19 +24,11 @@ from .aggregate import aggregate
 from .augment import make_views
 from .graph import load_model
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
+from .methods import ADAPTATION_METHODS
 from .policy import TestTimePolicy
-from .tent import tent_adapt
+from .streams import CollapseGuard, Stream
 
 __all__ = ["TestTimeEngine", "TestTimeResult", "Stream"]
-
-
-@dataclass
-class Stream:
-    """Adaptation state carried across batches of one stream (non-episodic policies)."""
-
-    state: BNState | None = None
-    batches: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 @dataclass
@@ -52,6 +43,8 @@ class TestTimeResult:
     adapted: bool = False
     uncertainty: MCDropoutResult | None = None
     batched: bool = True
+    #: The collapse guard reset the stream on this batch (the batch was then predicted by the source model).
+    reset: bool = False
 
 
 class TestTimeEngine:
@@ -151,17 +144,34 @@ class TestTimeEngine:
         if self.adapter is None:
             return None
         p = self.policy
-        prior = None if p.episodic else stream.state
-        if p.ttt == "bn":
-            state = self.adapter.adapt(feeds, prior, p.momentum, p.ttt_iterations)
-        else:
-            state = tent_adapt(
-                self.adapter, feeds, prior, p.learning_rate, p.ttt_iterations, self.torch_model
-            )
-        if not p.episodic:
-            stream.state = state
-            stream.batches += 1
-        return state
+        method = ADAPTATION_METHODS.get(p.ttt)
+        assert method.adapt is not None
+        if p.episodic:
+            return method.adapt(self.adapter, feeds, p, self.torch_model, Stream())
+        if p.reset_every and stream.batches and stream.batches % p.reset_every == 0:
+            stream.reset()
+        stream.state = method.adapt(self.adapter, feeds, p, self.torch_model, stream)
+        stream.batches += 1
+        stream.seen += len(next(iter(feeds.values())))
+        return stream.state
+
+    def _guard(self, feeds: dict[str, np.ndarray], stream: Stream, result: TestTimeResult) -> TestTimeResult:
+        """Collapse guard: adapted predictions over the stream concentrated on too few classes (and fewer than
+        the source model's) -> the stream goes back to the source, and so does this batch's prediction."""
+        p = self.policy
+        if self.adapter is None or not p.collapse_threshold or result.probs.ndim != 2:
+            return result
+        source = self._run(feeds, None).argmax(-1)  # one plain run: the source's view of the same examples
+        with stream.lock:
+            if stream.guard is None:
+                stream.guard = CollapseGuard(p.collapse_threshold, p.collapse_window)
+            if not stream.guard.observe(result.probs.argmax(-1), source, result.probs.shape[-1]):
+                return result
+            stream.reset()
+            stream.resets += 1
+        out = self._predict(feeds, None, adapted=False)
+        out.reset = True
+        return out
 
     def _views_logits(
         self, feeds: dict[str, np.ndarray], state: BNState | None
@@ -201,19 +211,24 @@ class TestTimeEngine:
         else:
             with stream.lock:
                 state = self._adapt(feeds, stream)
-        adapted = state is not None
+        return self._guard(feeds, stream, self._predict(feeds, state))
+
+    def _predict(
+        self, feeds: dict[str, np.ndarray], state: BNState | None, adapted: bool | None = None
+    ) -> TestTimeResult:
+        adapted = state is not None if adapted is None else adapted
         if not self.policy.tta_transforms:
             logits, uncertainty = self._forward(feeds, state)
             return TestTimeResult(softmax(logits, 1 if logits.ndim == 4 else -1), 1, 0, adapted, uncertainty)
         if self.modality == "text":
             raise TestTimeError("text TTA works on strings: call predict_texts(texts, processor)")
         if self.policy.adaptive_threshold is not None:
-            return self._adaptive(feeds, state)
+            return self._adaptive(feeds, state, adapted)
         views, k, batched = self._views_logits(feeds, state)
         probs = aggregate(views, self.policy.tta_aggregate, 1 if views.ndim == 5 else -1)
         return TestTimeResult(probs, k, len(probs), adapted, None, batched)
 
-    def _adaptive(self, feeds: dict[str, np.ndarray], state: BNState | None) -> TestTimeResult:
+    def _adaptive(self, feeds: dict[str, np.ndarray], state: BNState | None, adapted: bool) -> TestTimeResult:
         """Augment only the rows whose plain prediction is less confident than the threshold."""
         logits, uncertainty = self._forward(feeds, state)
         probs = softmax(logits, -1)
@@ -225,7 +240,7 @@ class TestTimeEngine:
             views, k, batched = self._views_logits(sub, state)
             probs = probs.copy()
             probs[low] = aggregate(views, self.policy.tta_aggregate, -1)
-        return TestTimeResult(probs.astype(np.float32), k, len(low), state is not None, uncertainty, batched)
+        return TestTimeResult(probs.astype(np.float32), k, len(low), adapted, uncertainty, batched)
 
     def adapted_model(self, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
         """A copy of the model with this batch's BN / Tent adaptation written into its initializers (to save or ship)."""

@@ -13,15 +13,9 @@ from .._config import split_names
 from ..errors import TestTimeError
 from .aggregate import AGGREGATORS
 from .augment import MODALITIES, transforms_for
-from .registry import Registry
+from .methods import ADAPTATION_METHODS
 
 __all__ = ["TestTimePolicy", "ADAPTATION_METHODS", "POLICY_PRESETS", "policy_preset"]
-
-#: Test-time training methods: name -> one-line description (the engine dispatches on the name).
-ADAPTATION_METHODS: Registry[str] = Registry("test-time adaptation method")
-ADAPTATION_METHODS.add("none", "no adaptation: the exported model as is")
-ADAPTATION_METHODS.add("bn", "BatchNorm statistics from the test batch, computed with ONNX Runtime")
-ADAPTATION_METHODS.add("tent", "entropy minimisation of the BN affine parameters (Tent), then BN statistics")
 
 
 @dataclass(frozen=True)
@@ -42,10 +36,23 @@ class TestTimePolicy:
     #: BN: statistics passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
     #: Tent: gradient steps per batch (None: 1, as in the paper).
     ttt_iterations: int | None = None
+    #: Weight of this batch's BN statistics against the prior (the source, or the stream's running statistics
+    #: when not episodic): 1 = this batch only; < 1 = running statistics updated with this momentum.
     momentum: float = 1.0
+    #: Strength of the prior in pseudo-examples: a batch of n gets weight momentum * n / (n + bn_prior)
+    #: (0: the batch alone). Keeps BN statistics sane on class-sorted batches and at batch size 1.
+    bn_prior: float = 0.0
     learning_rate: float = 1e-3
-    #: Reset the adaptation after every batch (False: a stream keeps adapting).
+    #: Reset the adaptation after every batch (False: a stream keeps adapting, continual).
     episodic: bool = True
+    #: Continual: reset the stream to the source every this many batches (None: never).
+    reset_every: int | None = None
+    #: Collapse guard: reset the stream to the source when the entropy of the predicted classes over the last
+    #: ``collapse_window`` predictions falls below this fraction of log(C) (0: off).
+    collapse_threshold: float = 0.2
+    collapse_window: int = 256
+    #: sar: learn only from examples with entropy below this fraction of log(C) (EATA's 0.4).
+    reliable_entropy: float = 0.4
     mc_dropout: int = 0
     seed: int = 0
 
@@ -71,6 +78,20 @@ class TestTimePolicy:
             raise TestTimeError(f"ttt_iterations must be >= 1, got {self.ttt_iterations}")
         if not 0.0 < self.momentum <= 1.0:
             raise TestTimeError(f"momentum must be in (0, 1], got {self.momentum}")
+        if self.bn_prior < 0:
+            raise TestTimeError(f"bn_prior must be >= 0 (pseudo-examples), got {self.bn_prior}")
+        if self.reset_every is not None and self.reset_every < 1:
+            raise TestTimeError(f"reset_every must be >= 1 batches, got {self.reset_every}")
+        if not 0.0 <= self.collapse_threshold < 1.0:
+            raise TestTimeError(
+                f"collapse_threshold must be in [0, 1) (a fraction of log C), got {self.collapse_threshold}"
+            )
+        if self.collapse_window < 1:
+            raise TestTimeError(f"collapse_window must be >= 1 predictions, got {self.collapse_window}")
+        if not 0.0 < self.reliable_entropy <= 1.0:
+            raise TestTimeError(
+                f"reliable_entropy must be in (0, 1] (a fraction of log C), got {self.reliable_entropy}"
+            )
         if self.learning_rate <= 0:
             raise TestTimeError(f"learning_rate must be > 0, got {self.learning_rate}")
         if self.mc_dropout < 0 or self.mc_dropout == 1:
@@ -108,6 +129,9 @@ POLICY_PRESETS: dict[str, TestTimePolicy] = {
     "bn": TestTimePolicy(ttt="bn"),
     "flip+bn": TestTimePolicy(tta_transforms=("identity", "hflip"), modality="image", ttt="bn"),
     "tent": TestTimePolicy(ttt="tent"),
+    "bn-prior": TestTimePolicy(ttt="bn", bn_prior=16.0),
+    "bn-stream": TestTimePolicy(ttt="bn", episodic=False, momentum=0.1, bn_prior=16.0),
+    "sar": TestTimePolicy(ttt="sar", bn_prior=16.0),
     "mc-dropout": TestTimePolicy(mc_dropout=16),
 }
 

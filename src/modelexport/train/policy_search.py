@@ -1,9 +1,13 @@
 """``TestTimePolicyOptimizer``: a DSPy teleprompter that chooses how much test-time compute to spend.
 
-It searches TTA transform sets, aggregations, BN adaptation on/off and its iterations on a validation
-set, measuring accuracy (``dspy.Evaluate``) *and* latency, and keeps the most accurate policy within
-the latency budget. The plain policy is always a candidate, so the choice is never less accurate than
-plain inference on the set it was chosen on.
+It searches TTA transform sets, aggregations, BN adaptation (exact, with a source prior, continual running
+statistics) on a validation set, measuring accuracy (``dspy.Evaluate``) *and* latency, and keeps the most
+accurate policy within the latency budget. Real streams are not i.i.d. (an image folder is read class by
+class), so every candidate is measured on the validation set streamed in each of ``orders`` (default:
+stratified shuffled batches AND class-sorted ones); a candidate is kept only if it is not worse than plain
+inference in any order, and its accuracy is its worst order's. The plain policy is always a candidate, so the
+choice is never less accurate than plain inference on the set and orders it was chosen on; the result records
+those stream assumptions.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..errors import ConfigError, TestTimeError, TrainingError
 from ..testtime.aggregate import AGGREGATORS
 from ..testtime.augment import transforms_for
 from ..testtime.policy import TestTimePolicy
+from ..testtime.streams import StreamOrder
 from .program import ClassifierProgram, OnnxBackend, label_accuracy
 from .weights import evaluate_program
 
@@ -31,6 +36,8 @@ __all__ = [
     "PolicySearchResult",
     "TestTimePolicyOptimizer",
     "measure_policy",
+    "measure_streams",
+    "DEFAULT_ORDERS",
     "describe_policy",
     "DEFAULT_TTA_SETS",
     "DEFAULT_AGGREGATES",
@@ -50,6 +57,13 @@ DEFAULT_TTA_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
     "tensor": (("identity", "gaussian_noise"),),
 }
 DEFAULT_AGGREGATES = ("mean", "geometric_mean")
+#: Stream orders every candidate is validated under.
+DEFAULT_ORDERS = ("stratified", "class-sorted")
+#: Robust BN candidates beside exact BN: a source prior (pseudo-examples) and continual running statistics.
+ROBUST_BN = (
+    {"bn_prior": 128.0},
+    {"bn_prior": 128.0, "momentum": 0.05, "episodic": False},
+)
 
 
 @dataclass(frozen=True)
@@ -64,8 +78,15 @@ class PolicySearchSpace:
     latency_budget_ms: float | None = None
     max_examples: int = 1000
     seed: int = 0
+    #: Stream orders (``StreamOrder`` specs) each candidate must not lose to plain inference on.
+    orders: tuple[str, ...] = DEFAULT_ORDERS
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "orders", split_names(self.orders))
+        if not self.orders:
+            raise ConfigError("the policy search needs at least one stream order")
+        for spec in self.orders:
+            StreamOrder.parse(spec)  # unknown orders fail here, listing the valid ones
         if isinstance(self.tta_transforms, str):
             object.__setattr__(self, "tta_transforms", split_names(self.tta_transforms))
         TestTimePolicy(tta_transforms=self.tta_transforms)  # unknown names fail here, listing the valid ones
@@ -87,25 +108,34 @@ class PolicySearchSpace:
         aggregates = (self.tta_aggregate,) if self.tta_aggregate else DEFAULT_AGGREGATES
         return [(s, a) for s in sets for a in aggregates]
 
-    def ttt_candidates(self) -> list[int]:
-        return sorted({1, self.ttt_iterations}) if self.ttt else []
+    def ttt_candidates(self) -> list[TestTimePolicy]:
+        if not self.ttt:
+            return []
+        exact = [TestTimePolicy(ttt="bn", ttt_iterations=it) for it in sorted({1, self.ttt_iterations})]
+        return exact + [TestTimePolicy(ttt="bn", **robust) for robust in ROBUST_BN]  # type: ignore[arg-type]
 
 
 @dataclass
 class PolicyTrial:
-    """One measured candidate: validation accuracy and p50 latency per request of ``batch_size`` examples."""
+    """One measured candidate: validation accuracy (its worst stream order's), the accuracy per order, and
+    p50 latency per request of ``batch_size`` examples."""
 
     policy: TestTimePolicy
     accuracy: float
     latency_ms: float
     within_budget: bool = True
+    by_order: dict[str, float] = field(default_factory=dict)
+    #: Not worse than plain inference in every order (set by the search).
+    safe: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "policy": self.policy.to_dict(),
             "accuracy": round(self.accuracy, 5),
+            "accuracy_by_order": {k: round(v, 5) for k, v in self.by_order.items()},
             "latency_ms": round(self.latency_ms, 3),
             "within_budget": self.within_budget,
+            "not_worse_than_plain": self.safe,
         }
 
 
@@ -116,6 +146,19 @@ class PolicySearchResult:
     trials: list[PolicyTrial] = field(default_factory=list)
     n_examples: int = 0
     notes: list[str] = field(default_factory=list)
+    orders: tuple[str, ...] = DEFAULT_ORDERS
+    batch_size: int = 0
+
+    @property
+    def stream_assumptions(self) -> dict[str, Any]:
+        """What the chosen policy was validated under: orders, batch size, episodic or continual."""
+        return {
+            "orders": list(self.orders),
+            "batch_size": self.batch_size,
+            "adaptation": "episodic" if self.best.policy.episodic else "continual",
+            "accuracy_by_order": {k: round(v, 5) for k, v in self.best.by_order.items()},
+            "plain_accuracy_by_order": {k: round(v, 5) for k, v in self.plain.by_order.items()},
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +167,7 @@ class PolicySearchResult:
             "trials": [t.to_dict() for t in self.trials],
             "n_examples": self.n_examples,
             "notes": self.notes,
+            "stream_assumptions": self.stream_assumptions,
         }
 
 
@@ -164,6 +208,8 @@ class TestTimePolicyOptimizer(Teleprompter):
         model_path, providers = backend.model_path, backend.providers
         notes: list[str] = []
 
+        streams = _streams(examples, self.space.orders, self.space.seed)
+
         def trial(policy: TestTimePolicy) -> PolicyTrial | None:
             try:
                 student.deploy(model_path, providers, policy)
@@ -171,7 +217,7 @@ class TestTimePolicyOptimizer(Teleprompter):
                 notes.append(f"skipped {_label(policy)}: {exc}")
                 log.info("policy %s skipped: %s", _label(policy), exc)
                 return None
-            return measure_policy(student, policy, examples, metric)
+            return measure_streams(student, policy, streams, metric, (model_path, providers))
 
         plain = trial(TestTimePolicy())
         assert plain is not None  # a plain policy needs nothing of the model
@@ -180,21 +226,27 @@ class TestTimePolicyOptimizer(Teleprompter):
         tta = [
             t for s, agg in self.space.tta_candidates(modality) if (t := trial(_policy(self.space, s, agg)))
         ]
-        ttt = [
-            t
-            for it in self.space.ttt_candidates()
-            if (t := trial(TestTimePolicy(ttt="bn", ttt_iterations=it)))
-        ]
+        ttt = [t for p in self.space.ttt_candidates() if (t := trial(p))]
         trials += tta + ttt
         if tta and ttt:
             best_tta = max(tta, key=lambda t: (t.accuracy, -t.latency_ms)).policy
-            for it in self.space.ttt_candidates():
-                combined = trial(best_tta.with_changes(ttt="bn", ttt_iterations=it))
+            for p in self.space.ttt_candidates():
+                combined = trial(
+                    p.with_changes(
+                        tta_transforms=best_tta.tta_transforms,
+                        tta_aggregate=best_tta.tta_aggregate,
+                        seed=best_tta.seed,
+                    )
+                )
                 if combined:
                     trials.append(combined)
+        for t in trials:
+            t.safe = all(t.by_order[o] >= plain.by_order[o] for o in plain.by_order)
         best = self._choose(trials, plain)
         student.deploy(model_path, providers, best.policy)
-        self.result = PolicySearchResult(best, plain, trials, len(examples), notes)
+        self.result = PolicySearchResult(
+            best, plain, trials, len(examples), notes, self.space.orders, student.batch_size
+        )
         student.policy_search = self.result
         return student
 
@@ -202,7 +254,7 @@ class TestTimePolicyOptimizer(Teleprompter):
         budget = self.space.latency_budget_ms
         for t in trials:
             t.within_budget = budget is None or t.latency_ms <= budget
-        eligible = [t for t in trials if t.within_budget]
+        eligible = [t for t in trials if t.within_budget and t.safe]
         if not eligible:
             log.warning(
                 "no policy meets the %.1f ms budget (plain takes %.1f ms); keeping plain inference",
@@ -219,22 +271,56 @@ def measure_policy(
     policy: TestTimePolicy,
     examples: list[dspy.Example],
     metric: Any = label_accuracy,
+    warm_up: bool = True,
 ) -> PolicyTrial:
-    """Accuracy (``dspy.Evaluate``) and p50 latency per batch of the program as currently deployed."""
+    """Accuracy (``dspy.Evaluate``) and p50 latency per batch of the program as currently deployed.
+
+    Accuracy first, on a fresh deployment: a continual policy adapts along ``examples`` in their order.
+    """
     inputs = [ex[program.input_field] for ex in examples]
     size = program.batch_size
-    program.predict_batch(inputs[:size])  # warm-up (session start, first-run allocations)
+    accuracy = evaluate_program(program, examples, metric)
+    if warm_up:
+        program.predict_batch(inputs[:size])  # warm-up (session start, first-run allocations)
     times = []
     for i in range(0, len(inputs), size):
         start = time.perf_counter()
         program.probabilities(inputs[i : i + size])
         times.append((time.perf_counter() - start) * 1000.0)
-    accuracy = evaluate_program(program, examples, metric)
     trial = PolicyTrial(policy, accuracy, float(np.median(times)))
     log.info(
         "policy %s: accuracy %.4f, %.2f ms per batch of %d", _label(policy), accuracy, trial.latency_ms, size
     )
     return trial
+
+
+def _streams(
+    examples: list[dspy.Example], orders: tuple[str, ...], seed: int
+) -> dict[str, list[dspy.Example]]:
+    """The validation examples streamed in each order (labels by name; seeded)."""
+    names = sorted({str(ex.label) for ex in examples})
+    labels = np.asarray([names.index(str(ex.label)) for ex in examples])
+    return {o: [examples[i] for i in StreamOrder.parse(o, seed).indices(labels)] for o in orders}
+
+
+def measure_streams(
+    program: ClassifierProgram,
+    policy: TestTimePolicy,
+    streams: dict[str, list[dspy.Example]],
+    metric: Any,
+    deployment: tuple[Any, Any],
+) -> PolicyTrial:
+    """``measure_policy`` per stream order, each on a fresh deployment (a continual policy starts from the
+    source); the trial's accuracy is the worst order's, its latency the first order's."""
+    by_order: dict[str, float] = {}
+    first: PolicyTrial | None = None
+    for order, examples in streams.items():
+        program.deploy(*deployment, policy)
+        trial = measure_policy(program, policy, examples, metric, warm_up=first is None)
+        by_order[order] = trial.accuracy
+        first = first or trial
+    assert first is not None
+    return PolicyTrial(policy, min(by_order.values()), first.latency_ms, by_order=by_order)
 
 
 def _policy(space: PolicySearchSpace, transforms: tuple[str, ...], aggregate: str) -> TestTimePolicy:
@@ -247,6 +333,10 @@ def _label(policy: TestTimePolicy) -> str:
         parts.append(f"tta[{','.join(policy.tta_transforms)}|{policy.tta_aggregate}]")
     if policy.ttt != "none":
         parts.append(f"{policy.ttt}x{policy.ttt_iterations}")
+        if policy.bn_prior:
+            parts.append(f"prior{policy.bn_prior:g}")
+        if not policy.episodic:
+            parts.append(f"stream{policy.momentum:g}")
     return "+".join(parts) or "plain"
 
 

@@ -231,6 +231,7 @@ class PipelineRun:
             result = optimizer.result
             plain, best = result.plain, result.best  # type: ignore[union-attr]
             self.details["policy_search"] = result.to_dict()  # type: ignore[union-attr]
+            self.details["policy_stream_assumptions"] = result.stream_assumptions  # type: ignore[union-attr]
         else:
             plain = self._measure_policy(program, TestTimePolicy(), examples)
             best = self._measure_policy(program, self._fixed_policy(program), examples)

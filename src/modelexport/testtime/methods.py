@@ -1,0 +1,116 @@
+"""The adaptation-method registry: ``policy.ttt`` names one; the engine calls its ``adapt``.
+
+Every method maps (batch, policy, stream) to a BN state. Episodic policies get a fresh :class:`Stream` per
+batch (start from the source); continual ones the caller's stream, whose state is the prior and whose
+``memory`` (the redundancy filter's moving average) persists until a reset.
+
+BN statistics are blended with the prior with batch weight ``w = n / (n + strength)`` (``adapt.py``).
+Episodic: ``strength = bn_prior`` (and ``w`` scaled by ``momentum``). Continual: the running statistics are
+the average over the stream so far, the source counting as ``bn_prior`` examples (``strength = bn_prior +
+seen``), with ``momentum`` as the floor of ``w`` so they keep tracking a shift -- a bias-corrected running
+average: the first batches move the statistics quickly, later ones by ``momentum``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .registry import Registry
+from .sar import sar_adapt
+from .streams import Stream
+from .tent import tent_adapt
+
+if TYPE_CHECKING:
+    from .adapt import BNAdapter, BNState
+    from .policy import TestTimePolicy
+
+__all__ = ["ADAPTATION_METHODS", "AdaptationMethod", "statistics"]
+
+AdaptFn = Callable[["BNAdapter", dict[str, np.ndarray], "TestTimePolicy", Any, Stream], "BNState"]
+
+
+@dataclass(frozen=True)
+class AdaptationMethod:
+    """A named method: a one-line description and ``adapt(adapter, feeds, policy, torch_model, stream)``
+    (None for ``none``)."""
+
+    description: str
+    adapt: AdaptFn | None = None
+
+    def __str__(self) -> str:
+        return self.description
+
+
+#: Test-time training methods by name (``--ttt``).
+ADAPTATION_METHODS: Registry[AdaptationMethod] = Registry("test-time adaptation method")
+ADAPTATION_METHODS.add("none", AdaptationMethod("no adaptation: the exported model as is"))
+
+
+def statistics(
+    adapter: BNAdapter,
+    feeds: dict[str, np.ndarray],
+    policy: TestTimePolicy,
+    stream: Stream,
+    prior: BNState | None = None,
+    iterations: int | None = None,
+) -> BNState:
+    """The policy's robust BN statistics for this batch (``prior``: default the stream's state)."""
+    prior = stream.state if prior is None else prior
+    if policy.episodic:
+        return adapter.adapt(feeds, prior, policy.momentum, iterations, policy.bn_prior)
+    n = len(next(iter(feeds.values())))
+    strength = policy.bn_prior + stream.seen
+    if policy.momentum < 1.0:
+        strength = min(strength, n * (1.0 - policy.momentum) / policy.momentum)
+    else:
+        strength = 0.0
+    return adapter.adapt(feeds, prior, 1.0, iterations, strength)
+
+
+def _bn(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+    return statistics(adapter, feeds, policy, stream, iterations=policy.ttt_iterations)
+
+
+def _tent(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+    return tent_adapt(adapter, feeds, stream.state, policy.learning_rate, policy.ttt_iterations, torch_model)
+
+
+def _sar(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+    """Robust statistics, a reliable SAM step on the affine parameters, statistics again under them."""
+    tuned = sar_adapt(
+        adapter,
+        feeds,
+        statistics(adapter, feeds, policy, stream),
+        reliable_entropy=policy.reliable_entropy,
+        learning_rate=policy.learning_rate,
+        steps=policy.ttt_iterations or 1,
+        memory=stream.memory,
+    )
+    affine = {n: tuned[n] for layer in adapter.layers for n in (layer.scale, layer.bias)}
+    return {**statistics(adapter, feeds, policy, stream, {**(stream.state or {}), **affine}), **affine}
+
+
+ADAPTATION_METHODS.add(
+    "bn",
+    AdaptationMethod(
+        "BatchNorm statistics from the test batch (blended with the source by --bn-prior, or with the stream's "
+        "running statistics by --momentum when --stream), computed with ONNX Runtime",
+        _bn,
+    ),
+)
+ADAPTATION_METHODS.add(
+    "tent",
+    AdaptationMethod("entropy minimisation of the BN affine parameters (Tent), then BN statistics", _tent),
+)
+ADAPTATION_METHODS.add(
+    "sar",
+    AdaptationMethod(
+        "reliable entropy minimisation (EATA/SAR-style): robust BN statistics, reliable non-redundant examples, "
+        "sharpness-aware step anchored to the source",
+        _sar,
+    ),
+)

@@ -1,0 +1,112 @@
+"""Reliable entropy minimisation for real streams (after EATA, Niu et al. 2022, and SAR, Niu et al. 2023).
+
+Tent updates the BN affine parameters on every test example with batch statistics; on a class-sorted stream or
+at batch size 1 those statistics and that gradient describe one class, and the model collapses. This method
+keeps Tent's torch path (:class:`~.interpreter.OnnxTorchModule`) but:
+
+- normalises with the robust BN statistics of the policy (source prior ``bn_prior`` and/or the stream's
+  running statistics), never with one batch's alone, so it works at batch size 1;
+- learns only from reliable, non-redundant examples: entropy below ``reliable_entropy * log C`` (EATA's
+  0.4) and a softmax not within cosine ``REDUNDANT_COSINE`` of the stream's moving average of the
+  examples it learned from (EATA's redundancy filter -- on a class-sorted stream the rest of a class is
+  redundant), each weighted by ``exp(margin - entropy)``;
+- takes a sharpness-aware step (SAM, radius ``SAM_RHO``: SAR's flat-minimum update) with an L2 anchor to the
+  source parameters (``ANCHOR``; EATA's Fisher regulariser with an identity Fisher, as no source data exists
+  at test time);
+- resets on collapse through the engine's :class:`~.streams.CollapseGuard`, like every method.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .adapt import BNAdapter, BNState
+from .interpreter import OnnxTorchModule
+
+__all__ = ["ANCHOR", "REDUNDANT_COSINE", "SAM_RHO", "sar_adapt"]
+
+#: SAM neighbourhood radius (SAR's default).
+SAM_RHO = 0.05
+#: Examples whose softmax is closer than this (cosine) to the stream's moving average are skipped.
+REDUNDANT_COSINE = 0.95
+#: L2 pull of the adapted BN affine parameters towards the source values.
+ANCHOR = 1.0
+#: Moving-average rate of the learned-from softmax (EATA's 0.1).
+EMA = 0.1
+
+
+def _reliable(logits: Any, margin: float, memory: dict[str, np.ndarray]) -> Any:
+    """Mask of the reliable, non-redundant rows; the moving average learns from them."""
+    import torch
+
+    probs = logits.detach().softmax(dim=-1)
+    ent = -(probs * probs.clamp_min(1e-12).log()).sum(dim=-1)
+    keep = ent < margin
+    average = memory.get("probs")
+    if average is not None:
+        ref = torch.from_numpy(average).to(probs.dtype)
+        keep &= torch.nn.functional.cosine_similarity(probs, ref[None], dim=-1) < REDUNDANT_COSINE
+    if bool(keep.any()):
+        mean = probs[keep].mean(dim=0).numpy()
+        memory["probs"] = mean if average is None else (1.0 - EMA) * average + EMA * mean
+    return keep
+
+
+def _weighted_entropy(logits: Any, keep: Any, margin: float) -> Any:
+    """EATA's loss: entropy of the kept rows weighted by exp(margin - entropy), averaged over the batch."""
+    import torch
+
+    log_p = logits.log_softmax(dim=-1)
+    ent = -(log_p.exp() * log_p).sum(dim=-1)[keep]
+    return (torch.exp(margin - ent.detach()) * ent).sum() / len(keep)
+
+
+def _anchor(params: dict[str, Any], source: dict[str, Any]) -> Any:
+    return ANCHOR * sum(((p - source[n]) ** 2).sum() for n, p in params.items())
+
+
+def sar_adapt(
+    adapter: BNAdapter,
+    feeds: dict[str, np.ndarray],
+    stats: BNState,
+    *,
+    reliable_entropy: float,
+    learning_rate: float,
+    steps: int,
+    memory: dict[str, np.ndarray],
+) -> BNState:
+    """``stats``: the robust BN state to normalise with; returns it with updated BN scale/bias."""
+    import torch
+
+    module = OnnxTorchModule(adapter.source, stats, train_bn=False)
+    params = module.parameters
+    source = {n: torch.from_numpy(np.array(adapter.source_state[n])).float() for n in params}
+    tfeeds = {k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()}
+    opt = torch.optim.Adam(list(params.values()), lr=learning_rate)
+    with torch.enable_grad():
+        for _ in range(steps):
+            logits = module(tfeeds)[0]
+            margin = reliable_entropy * float(np.log(logits.shape[-1]))
+            keep = _reliable(logits, margin, memory)
+            if not bool(keep.any()):
+                break
+            opt.zero_grad()
+            _weighted_entropy(logits, keep, margin).backward()
+            grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
+            norm = torch.sqrt(sum((g**2).sum() for g in grads.values())) + 1e-12
+            eps = {n: SAM_RHO * g / norm for n, g in grads.items()}
+            with torch.no_grad():  # climb to the sharpest neighbour, take its gradient there, come back
+                for n, e in eps.items():
+                    params[n].add_(e)
+            opt.zero_grad()
+            (_weighted_entropy(module(tfeeds)[0], keep, margin) + _anchor(params, source)).backward()
+            with torch.no_grad():
+                for n, e in eps.items():
+                    params[n].sub_(e)
+            opt.step()
+    out = dict(stats)
+    for name, p in params.items():
+        out[name] = p.detach().numpy().astype(stats[name].dtype)
+    return out
