@@ -22,17 +22,24 @@ _HIERARCHY = click.option(
 )
 
 
-def _emit(command: str, result: Any, fmt: str | None, output: str | None, default: str) -> None:
-    """Render ``result`` and print it, or write it to ``output`` (format from the extension if not given)."""
+_WIDE = click.option(
+    "--wide", is_flag=True, help="Do not cut text lines to a 100-column terminal (files are never cut)."
+)
+
+
+def _emit(
+    command: str, result: Any, fmt: str | None, output: str | None, default: str, wide: bool = False
+) -> None:
+    """Render ``result`` and print it (cut to the terminal unless ``wide``), or write it whole to ``output``."""
     from .._io import write_text
-    from ..inspect.formats import format_for_path, render
+    from ..inspect.formats import TERMINAL_WIDTH, format_for_path, render
 
     if output:
         text = render(command, fmt or format_for_path(command, output, default), result)
         write_text(output, text)
         click.echo(f"wrote {output}")
     else:
-        click.echo(render(command, fmt or default, result), nl=False)
+        click.echo(render(command, fmt or default, result, None if wide else TERMINAL_WIDTH), nl=False)
 
 
 @click.command("analyze")
@@ -59,14 +66,15 @@ def _emit(command: str, result: Any, fmt: str | None, output: str | None, defaul
     default=None,
     help="Write to FILE (format from .json/.csv).",
 )
+@_WIDE
 def analyze_cmd(
-    model: str, fmt: str | None, filter_tag: str | None, depth: int | None, output: str | None
+    model: str, fmt: str | None, filter_tag: str | None, depth: int | None, output: str | None, wide: bool
 ) -> int:
     """Which module owns which nodes, op types and parameters (works without the sidecar)."""
     from ..inspect.analyze import AnalyzeConfig, analyze
 
     result = analyze(model, AnalyzeConfig(filter_tag=filter_tag, depth=depth))
-    _emit("analyze", result, fmt, output, "summary")
+    _emit("analyze", result, fmt, output, "summary", wide)
     return 0
 
 
@@ -185,6 +193,7 @@ def validate_cmd(
     default=None,
     help="Write to FILE (.md markdown, .json json).",
 )
+@_WIDE
 def compare_cmd(
     model_a: str,
     model_b: str,
@@ -193,6 +202,7 @@ def compare_cmd(
     ep: str | None,
     fmt: str | None,
     output: str | None,
+    wide: bool,
 ) -> int:
     """Structural (and with --numeric, numerical) differences between two models."""
     from ..inspect.compare import compare
@@ -201,7 +211,7 @@ def compare_cmd(
     result = compare(
         model_a, model_b, numeric=numeric or inputs is not None, inputs=inputs, providers=providers
     )
-    _emit("compare", result, fmt, output, "text")
+    _emit("compare", result, fmt, output, "text", wide)
     return 0
 
 
@@ -328,6 +338,7 @@ def extract_cmd(
     default=None,
     help="Also write a Model Explorer node-data overlay (.json): kernel time per node, summed per layer.",
 )
+@_WIDE
 def profile_cmd(
     model: str,
     runs: int,
@@ -339,6 +350,7 @@ def profile_cmd(
     fmt: str | None,
     output: str | None,
     node_data: str | None,
+    wide: bool,
 ) -> int:
     """Where the time goes, per module: ORT's per-node profile joined with the hierarchy tags."""
     from ..inspect.node_data import profile_overlay, write_node_data
@@ -348,7 +360,7 @@ def profile_cmd(
         runs=runs, warmup=warmup, providers=ep or (), optimization=optimization, top_k=top_k, inputs=inputs
     )
     result = profile(model, cfg)
-    _emit("profile", result, fmt, output, "text")
+    _emit("profile", result, fmt, output, "text", wide)
     if node_data:
         write_node_data(node_data, profile_overlay(model, result))
         click.echo(f"wrote {node_data}", err=True)

@@ -198,12 +198,13 @@ def _header(a: Analysis) -> list[str]:
 def _summary(a: Analysis) -> str:
     lines = _header(a)
     if a.modules:
-        lines += ["", f"{'module':<60} {'nodes':>6} {'total':>6} {'params':>8}  ops (total)"]
         top = min(s.depth for s in a.modules)
-        for s in a.modules:
-            name = "  " * (s.depth - top) + s.tag.rsplit("/", 1)[-1]
+        names = ["  " * (s.depth - top) + s.tag.rsplit("/", 1)[-1] for s in a.modules]
+        w = max(6, min(48, max(len(n) for n in names)))  # the tree column: as wide as the names need
+        lines += ["", f"{'module':<{w}} {'nodes':>6} {'total':>6} {'params':>8}  ops (total)"]
+        for name, s in zip(names, a.modules, strict=True):
             lines.append(
-                f"{name:<60} {s.nodes:>6} {s.total_nodes:>6} {_human(s.total_parameters):>8}  {_ops(s.total_op_types, 4)}"
+                f"{name:<{w}} {s.nodes:>6} {s.total_nodes:>6} {_human(s.total_parameters):>8}  {_ops(s.total_op_types, 4)}"
             )
     return "\n".join(lines) + "\n"
 

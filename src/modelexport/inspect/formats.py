@@ -11,7 +11,20 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["renderer", "render", "formats_for", "format_for_path"]
+__all__ = [
+    "renderer",
+    "render",
+    "formats_for",
+    "format_for_path",
+    "fit_width",
+    "TERMINAL_WIDTH",
+    "MACHINE_FORMATS",
+]
+
+#: Text output fits a terminal this wide unless the user asks for ``--wide``.
+TERMINAL_WIDTH = 100
+#: Formats read by programs: never cut.
+MACHINE_FORMATS = frozenset({"json", "csv"})
 
 _RENDERERS: dict[tuple[str, str], Callable[[Any], str]] = {}
 _EXTENSIONS = {".json": "json", ".csv": "csv", ".md": "markdown", ".txt": "summary"}
@@ -31,11 +44,18 @@ def formats_for(command: str) -> list[str]:
     return [f for c, f in _RENDERERS if c == command]
 
 
-def render(command: str, fmt: str, result: Any) -> str:
+def fit_width(text: str, width: int) -> str:
+    """Each line cut to ``width`` columns, the cut marked with an ellipsis."""
+    return "\n".join(ln if len(ln) <= width else ln[: width - 1] + "\u2026" for ln in text.split("\n"))
+
+
+def render(command: str, fmt: str, result: Any, width: int | None = None) -> str:
+    """``result`` as ``fmt``; human formats are cut to ``width`` columns when given (``--wide``: None)."""
     fn = _RENDERERS.get((command, fmt))
     if fn is None:
         raise ConfigError(f"unknown format {fmt!r} for {command}; valid: {', '.join(formats_for(command))}")
-    return fn(result)
+    text = fn(result)
+    return fit_width(text, width) if width and fmt not in MACHINE_FORMATS else text
 
 
 def format_for_path(command: str, path: str, default: str) -> str:
