@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -18,13 +19,21 @@ __all__ = [
     "atomic_dir",
     "onnx_weight_bytes",
     "read_json_object",
+    "parse_json",
     "write_json",
     "write_text",
     "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
 ]
 
 #: JSON files we read (manifests, sidecars, specs) are refused above this size before parsing.
 MAX_JSON_BYTES = 256 * 1024 * 1024
+#: Deeper JSON is refused before parsing: no file we read nests past a dozen levels, and deeper
+#: values would overflow the recursion of every reader after the parser (copy, compare, print).
+MAX_JSON_DEPTH = 64
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_INNERMOST = re.compile(r"\[\]|\{\}")
 
 
 def _read_umask() -> int:
@@ -85,6 +94,34 @@ def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _too_deep(text: str) -> bool:
+    """Nesting past MAX_JSON_DEPTH, found at C speed: drop the strings and all but the brackets, then
+    remove the innermost pairs once per level."""
+    skeleton = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    for _ in range(MAX_JSON_DEPTH):
+        skeleton, removed = _INNERMOST.subn("", skeleton)
+        if not skeleton or not removed:  # flat enough, or unbalanced (the parser reports that)
+            return False
+    return bool(_INNERMOST.search(skeleton))
+
+
+def parse_json(text: str, what: str, error: type[ModelExportError], hint: str | None = None) -> Any:
+    """``text`` parsed as JSON, refusing oversized or deeply nested input before parsing.
+
+    The one JSON parser for data read from files (manifests, sidecars, specs, embedded metadata);
+    ``what`` names the source in the one-line ``error``.
+    """
+    if len(text) > MAX_JSON_BYTES:
+        raise error(f"{what} is {len(text):,} characters; JSON over {MAX_JSON_BYTES:,} is refused", hint=hint)
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(text):
+        raise error(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep; refused", hint=hint)
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        reason = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc) or type(exc).__name__
+        raise error(f"{what} is not valid JSON ({reason})", hint=hint) from exc
+
+
 def read_json_object(path: Path, error: type[ModelExportError], hint: str) -> dict[str, Any]:
     """The JSON object in ``path``; ``error`` (naming the file) when it is too large, not JSON or not an object."""
     try:
@@ -93,10 +130,10 @@ def read_json_object(path: Path, error: type[ModelExportError], hint: str) -> di
             raise error(
                 f"{path} is {size:,} bytes; JSON files over {MAX_JSON_BYTES:,} bytes are refused", hint=hint
             )
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise error(f"{path} is not valid JSON ({reason})", hint=hint) from exc
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{path} is not valid JSON ({exc})", hint=hint) from exc
+    data = parse_json(text, str(path), error, hint)
     if not isinstance(data, dict):
         raise error(f"{path} is not a JSON object", hint=hint)
     return data

@@ -1,13 +1,49 @@
-"""Small numeric helpers shared by every layer (probabilities from logits)."""
+"""Small numeric helpers shared by every layer (probabilities from logits, memory estimates)."""
 
 from __future__ import annotations
 
+import math
+import os
+
 import numpy as np
 
-__all__ = ["softmax"]
+from .errors import ModelExportError
+
+__all__ = ["softmax", "available_memory", "check_fits_in_memory", "tensor_bytes"]
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     """Probabilities over ``axis``; the max is subtracted first so large logits do not overflow."""
     e = np.exp(logits - logits.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (Linux MemAvailable, else free pages); None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def tensor_bytes(shape: tuple[int, ...] | list[int], itemsize: int) -> int:
+    """Bytes of a dense tensor (Python ints: no overflow for absurd shapes)."""
+    return math.prod(int(d) for d in shape) * itemsize
+
+
+def check_fits_in_memory(nbytes: int, what: str, error: type[ModelExportError]) -> None:
+    """Refuse, before allocating, ``nbytes`` that exceed the memory available now (the numbers in the message)."""
+    free = available_memory()
+    if free is not None and nbytes > free:
+        raise error(
+            f"{what} needs {nbytes:,} bytes ({nbytes / 2**30:,.1f} GiB), more than the "
+            f"{free:,} bytes ({free / 2**30:,.1f} GiB) of memory available",
+            hint="use a smaller shape or batch size",
+        )

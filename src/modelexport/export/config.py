@@ -2,19 +2,40 @@
 
 from __future__ import annotations
 
-import json
+import math
+import numbers
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from .._config import split_names
+from .._io import MAX_JSON_BYTES, parse_json
+from .._numeric import check_fits_in_memory, tensor_bytes
 from ..errors import ConfigError, InputSpecError
 from ..hierarchy.tree import DEFAULT_TORCH_NN_EXCEPTIONS
 
 __all__ = ["ExportConfig", "InputSpec", "load_input_specs", "DEFAULT_TORCH_NN_EXCEPTIONS", "EXPORTERS"]
 
 EXPORTERS = ("dynamo", "torchscript")
-_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool")
+#: Rank above which no real input goes (numpy's own limit is 64).
+_MAX_RANK = 32
+#: dtype -> bytes per element (the memory estimate before an example tensor is allocated).
+_ITEMSIZE = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+_DTYPES = tuple(_ITEMSIZE)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -28,39 +49,62 @@ class InputSpec:
     range: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
-        if not self.name or not isinstance(self.name, str):
-            raise InputSpecError("every input spec needs a non-empty 'name'")
-        try:
-            shape = tuple(int(d) for d in self.shape)
-        except (TypeError, ValueError) as exc:
+        if not isinstance(self.name, str) or not self.name:
+            raise InputSpecError(f"every input spec needs a non-empty string 'name', got {self.name!r}")
+        shape = self.shape
+        if (
+            not isinstance(shape, list | tuple)
+            or not all(_is_int(d) for d in shape)
+            or len(shape) > _MAX_RANK
+        ):
             raise InputSpecError(
-                f"input {self.name!r}: 'shape' must be a list of integers, got {self.shape!r}"
-            ) from exc
+                f"input {self.name!r}: 'shape' must be a list of at most {_MAX_RANK} integers, got {shape!r}"
+            )
         if any(d < 0 for d in shape):
             raise InputSpecError(f"input {self.name!r}: shape dimensions must be >= 0, got {list(shape)}")
-        object.__setattr__(self, "shape", shape)
-        if self.dtype not in _DTYPES:
+        object.__setattr__(self, "shape", tuple(int(d) for d in shape))
+        if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:
             raise InputSpecError(
                 f"input {self.name!r}: dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}"
             )
+        check_fits_in_memory(
+            tensor_bytes(self.shape, _ITEMSIZE[self.dtype]),
+            f"input {self.name!r} of shape {list(shape)}",
+            InputSpecError,
+        )
         if self.dynamic_axes is not None:
-            try:
-                axes = {int(k): str(v) for k, v in dict(self.dynamic_axes).items()}
-            except (TypeError, ValueError) as exc:
-                raise InputSpecError(
-                    f"input {self.name!r}: 'dynamic_axes' must map axis index to a name"
-                ) from exc
-            bad = [a for a in axes if not 0 <= a < len(shape)]
-            if bad:
-                raise InputSpecError(
-                    f"input {self.name!r}: dynamic axes {bad} are outside its rank {len(shape)}"
-                )
-            object.__setattr__(self, "dynamic_axes", axes)
+            object.__setattr__(self, "dynamic_axes", self._axes())
         if self.range is not None:
-            lo, hi = (float(v) for v in self.range)
-            if not lo < hi:
-                raise InputSpecError(f"input {self.name!r}: 'range' must be [low, high] with low < high")
-            object.__setattr__(self, "range", (lo, hi))
+            object.__setattr__(self, "range", self._range())
+
+    def _axes(self) -> dict[int, str]:
+        try:
+            axes = {int(k): str(v) for k, v in dict(self.dynamic_axes).items()}  # type: ignore[arg-type]
+        except (TypeError, ValueError) as exc:
+            raise InputSpecError(
+                f"input {self.name!r}: 'dynamic_axes' must map axis index to a name"
+            ) from exc
+        bad = [a for a in axes if not 0 <= a < len(self.shape)]
+        if bad:
+            raise InputSpecError(
+                f"input {self.name!r}: dynamic axes {bad} are outside its rank {len(self.shape)}"
+            )
+        return axes
+
+    def _range(self) -> tuple[float, float]:
+        value = self.range
+        if (
+            not isinstance(value, list | tuple)
+            or len(value) != 2
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+            or not all(math.isfinite(v) for v in value)
+            or not value[0] < value[1]
+        ):
+            raise InputSpecError(
+                f"input {self.name!r}: 'range' must be [low, high], two finite numbers with low < high, "
+                f"got {value!r}"
+            )
+        return float(value[0]), float(value[1])
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InputSpec:
@@ -83,6 +127,17 @@ class InputSpec:
         }
 
 
+def _spec_text(path: Path) -> str:
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise InputSpecError(f"{path} is larger than {MAX_JSON_BYTES:,} bytes; not an input specs file")
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputSpecError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise InputSpecError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+
 def load_input_specs(source: str | Path | dict[str, Any] | list[Any]) -> tuple[InputSpec, ...]:
     """Read ``{"inputs": [...]}`` from a JSON file, a dict, or a list of spec dicts."""
     data: Any = source
@@ -90,13 +145,10 @@ def load_input_specs(source: str | Path | dict[str, Any] | list[Any]) -> tuple[I
         path = Path(source)
         if not path.is_file():
             raise InputSpecError(f"input specs file not found: {path}")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputSpecError(f"{path} is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+        data = parse_json(_spec_text(path), str(path), InputSpecError)
     if isinstance(data, dict):
         data = data.get("inputs")
-    if not isinstance(data, list) or not data:
+    if not isinstance(data, list) or not data or not all(isinstance(s, dict | InputSpec) for s in data):
         raise InputSpecError(
             'input specs must be {"inputs": [{"name": ..., "shape": [...], "dtype": ...}, ...]}'
         )

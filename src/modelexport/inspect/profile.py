@@ -39,6 +39,10 @@ __all__ = [
 UNATTRIBUTED = "(unattributed)"
 
 
+#: Most timed (or warm-up) runs a profile may ask for: enough for stable means, bounded in time.
+MAX_RUNS = 100_000
+
+
 @dataclass(frozen=True)
 class ProfileConfig:
     """How to run: timed runs, warm-up runs, providers, ORT graph optimization level, top-k nodes."""
@@ -52,10 +56,10 @@ class ProfileConfig:
 
     def __post_init__(self) -> None:
 
-        if self.runs < 1 or self.warmup < 0 or self.top_k < 1:
-            raise ConfigError(
-                f"runs and top_k must be >= 1 and warmup >= 0, got runs={self.runs}, warmup={self.warmup}, top_k={self.top_k}"
-            )
+        for name, low, high in (("runs", 1, MAX_RUNS), ("warmup", 0, MAX_RUNS), ("top_k", 1, 1_000_000)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(f"{name} must be an integer in [{low}, {high:,}], got {value!r}")
         if self.optimization not in GRAPH_LEVELS:
             raise ConfigError(
                 f"optimization must be one of {', '.join(GRAPH_LEVELS)}, got {self.optimization!r}"

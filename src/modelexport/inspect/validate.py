@@ -74,7 +74,8 @@ def _onnx_checker(tm: TaggedModel) -> list[Finding]:
     """Full ``onnx.checker`` with strict shape inference; from the path so external data is found."""
     import onnx
 
-    errors = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError)
+    # ValueError: the checker's C++ raises it for values it cannot name (a data type 0 in a value_info)
+    errors = (onnx.checker.ValidationError, onnx.shape_inference.InferenceError, ValueError)
     try:
         onnx.checker.check_model(str(tm.path) if tm.path else tm.proto, full_check=True)
     except errors as exc:

@@ -10,10 +10,15 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import io
 import json
+import zlib
+from collections.abc import Callable
 from typing import Any
 
+from .._io import parse_json
 from ..errors import MetadataError, MetadataIntegrityError
+from . import fields
 
 __all__ = [
     "METADATA_VERSION",
@@ -31,6 +36,7 @@ __all__ = [
     "KEY_TEST_TIME_POLICY",
     "KEY_ENCODING",
     "KEY_CHECKSUM",
+    "VALUE_CHECKS",
     "encode_entries",
     "decode_entries",
 ]
@@ -39,6 +45,9 @@ METADATA_VERSION = "2.0"
 #: Encoded values larger than this (bytes) are gzip-compressed.
 COMPRESS_THRESHOLD = 10 * 1024
 _GZIP_PREFIX = "gzip+base64:"
+#: Decompressed values are refused above this size (a gzip bomb in a re-signed file).
+MAX_VALUE_BYTES = 64 * 1024 * 1024
+_EDITED = "the value was truncated or edited outside modelexport; re-export the model"
 
 KEY_VERSION = "hf_metadata_version"
 KEY_MODEL_CONFIG = "hf_model_config"
@@ -54,6 +63,19 @@ KEY_TEST_TIME_POLICY = "modelexport.test_time_policy"
 KEY_ENCODING = "modelexport.metadata_encoding"
 KEY_CHECKSUM = "modelexport.metadata_checksum"
 _RESERVED = (KEY_ENCODING, KEY_CHECKSUM)
+
+#: The shape each value must have (see :mod:`.fields`), checked on encode and on every verified decode:
+#: a valid checksum proves who wrote a value, not that it is sane. Keys not listed hold any JSON.
+VALUE_CHECKS: dict[str, Callable[[Any, str], None]] = {
+    KEY_MODEL_CONFIG: fields.model_config,
+    KEY_PROCESSOR_CONFIG: fields.processor_config,
+    KEY_TASK: fields.short_text,
+    KEY_INPUTS: fields.tensor_specs,
+    KEY_OUTPUTS: fields.tensor_specs,
+    KEY_TEST_TIME_POLICY: fields.json_object,
+    KEY_QUANTIZATION: fields.json_object,
+    KEY_EXPORT_CONFIG: fields.json_object,
+}
 
 
 def _encode_value(value: Any) -> tuple[str, str]:
@@ -85,6 +107,7 @@ def encode_entries(values: dict[str, Any], foreign: dict[str, str] | None = None
 
     ``foreign`` are raw entries written by other tools: kept as they are, outside the checksum.
     """
+    fields.check_values(values, VALUE_CHECKS)
     stored: dict[str, str] = {}
     encoding: dict[str, str] = {}
     for key, value in values.items():
@@ -98,38 +121,41 @@ def encode_entries(values: dict[str, Any], foreign: dict[str, str] | None = None
     return {**(foreign or {}), **stored}
 
 
+def _gunzip(packed: bytes) -> bytes:
+    """Decompress at most MAX_VALUE_BYTES (plus one to notice more)."""
+    with gzip.GzipFile(fileobj=io.BytesIO(packed)) as fh:
+        data = fh.read(MAX_VALUE_BYTES + 1)
+    if len(data) > MAX_VALUE_BYTES:
+        raise ValueError(f"it decompresses to more than {MAX_VALUE_BYTES:,} bytes")
+    return data
+
+
 def _decode_value(key: str, raw: str, kind: str) -> Any:
     text = raw
     if kind.startswith("gzip+"):
         if not raw.startswith(_GZIP_PREFIX):
             raise MetadataIntegrityError(f"metadata value {key!r} is marked compressed but is not")
         try:
-            text = gzip.decompress(base64.b64decode(raw[len(_GZIP_PREFIX) :], validate=True)).decode("utf-8")
-        except (ValueError, OSError, EOFError) as exc:
+            text = _gunzip(base64.b64decode(raw[len(_GZIP_PREFIX) :], validate=True)).decode("utf-8")
+        except (ValueError, OSError, EOFError, zlib.error) as exc:
             raise MetadataIntegrityError(f"compressed metadata value {key!r} is corrupted: {exc}") from exc
         kind = kind[len("gzip+") :]
     if kind == "text":
         return text
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise MetadataIntegrityError(
-            f"metadata value {key!r} is not valid JSON ({exc.msg}); it was truncated or edited"
-        ) from exc
+    return parse_json(text, f"metadata value {key!r}", MetadataIntegrityError, _EDITED)
 
 
 def decode_entries(stored: dict[str, str], *, verify: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
     """(decoded modelexport values, foreign raw entries). Raises MetadataIntegrityError on a bad checksum."""
     if KEY_ENCODING not in stored:
+        if verify:  # our keys written by another tool (or left by a damaged manifest) still obey their rules
+            fields.check_values(stored, VALUE_CHECKS)
         return {}, dict(stored)
-    try:
-        encoding = json.loads(stored[KEY_ENCODING])
-    except json.JSONDecodeError as exc:
-        raise MetadataIntegrityError(
-            f"the metadata manifest {KEY_ENCODING!r} is corrupted: {exc.msg}"
-        ) from exc
-    if not isinstance(encoding, dict):
-        raise MetadataIntegrityError(f"the metadata manifest {KEY_ENCODING!r} is not a JSON object")
+    encoding = parse_json(
+        stored[KEY_ENCODING], f"the metadata manifest {KEY_ENCODING!r}", MetadataIntegrityError
+    )
+    if not isinstance(encoding, dict) or not all(isinstance(k, str) for k in encoding.values()):
+        raise MetadataIntegrityError(f"the metadata manifest {KEY_ENCODING!r} is not an object of encodings")
     missing = [k for k in encoding if k not in stored]
     if missing:
         raise MetadataIntegrityError(f"metadata entries listed in the manifest are missing: {missing}")
@@ -144,6 +170,8 @@ def decode_entries(stored: dict[str, str], *, verify: bool = True) -> tuple[dict
                 f"metadata checksum mismatch (stored {expected[:19]}..., computed {actual[:19]}...): "
                 "a value was modified or truncated outside modelexport"
             )
-    values = {k: _decode_value(k, stored[k], str(kind)) for k, kind in encoding.items()}
+    values = {k: _decode_value(k, stored[k], kind) for k, kind in encoding.items()}
     foreign = {k: v for k, v in stored.items() if k not in covered and k != KEY_CHECKSUM}
+    if verify:
+        fields.check_values({**foreign, **values}, VALUE_CHECKS)
     return values, foreign

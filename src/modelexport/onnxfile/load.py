@@ -3,7 +3,8 @@
 Two depths: ``weights=True`` parses everything (external data included, only from inside the model's
 folder); ``weights=False`` reads the structure over a memory map and skips every tensor payload, so a
 large model's weights are never read (names, dims and dtypes are kept: enough for statistics, not for
-running). Missing, empty, non-ONNX and truncated files raise the same typed errors at both depths.
+running). Missing, empty, non-ONNX and truncated files raise the same typed errors at both depths, and so do
+values protobuf parses but no model has (unknown data types, invalid UTF-8 text: see :mod:`.check`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import OnnxFileError
 from ._wire import iter_fields, len_field
+from .check import check_structure
 from .resolve import resolve_model_path
 
 if TYPE_CHECKING:
@@ -112,6 +114,7 @@ def _check_complete(proto: onnx.ModelProto, path: Path) -> None:
         problems.append("no opset imports")
     if problems:
         raise OnnxFileError(f"{path} is not an ONNX model or is truncated ({', '.join(problems)})")
+    check_structure(proto, path)
 
 
 def load_onnx(

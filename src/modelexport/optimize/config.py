@@ -20,6 +20,8 @@ from ..inference.feeds import SampleSet
 from ..runtime.session import graph_level
 
 __all__ = [
+    "MAX_SAMPLES",
+    "check_samples",
     "CALIBRATE_METHODS",
     "OPTIMIZE_PRESETS",
     "QUANTIZE_PRESETS",
@@ -62,6 +64,16 @@ QUANTIZE_PRESETS: dict[str, dict[str, Any]] = {
     "avx512_vnni": dict(weight_type="int8", activation_type="uint8", per_channel=True),
     "tensorrt": dict(mode="static", weight_type="int8", activation_type="int8", per_channel=True),
 }
+
+
+#: More samples than any calibration or comparison needs; the bound keeps a typo from running for days.
+MAX_SAMPLES = 1_000_000
+
+
+def check_samples(name: str, value: int) -> None:
+    """The one range check of a sample count (calibration, evaluation): 1..MAX_SAMPLES."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SAMPLES:
+        raise ConfigError(f"{name} must be an integer in [1, {MAX_SAMPLES:,}], got {value!r}")
 
 
 def _choice(name: str, value: str, valid: Any) -> str:
@@ -111,8 +123,7 @@ class QuantizeConfig:
         object.__setattr__(self, "exclude_modules", split_names(self.exclude_modules))
         if self.preset_name is not None:
             object.__setattr__(self, "preset_name", _choice("preset", self.preset_name, self.preset_names()))
-        if self.calibration_samples < 1:
-            raise ConfigError(f"calibration_samples must be >= 1, got {self.calibration_samples}")
+        check_samples("calibration_samples", self.calibration_samples)
 
     @staticmethod
     def preset_names() -> tuple[str, ...]:

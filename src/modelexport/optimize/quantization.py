@@ -29,7 +29,14 @@ from ..inference.feeds import SampleSet
 from ..onnxfile import load_onnx, resolve_model_path, save_onnx
 from .calibration import calibration_reader, load_samples
 from .carry import CarryMetadata, write_transformed
-from .config import CALIBRATE_METHODS, QUANT_MODES, WEIGHT_TYPES, QuantizeConfig, register_mode
+from .config import (
+    CALIBRATE_METHODS,
+    QUANT_MODES,
+    WEIGHT_TYPES,
+    QuantizeConfig,
+    check_samples,
+    register_mode,
+)
 from .evaluate import compare_models, module_error_report
 from .retag import Retagged, tag_coverage
 
@@ -162,7 +169,8 @@ class Preprocess:
                     quant_pre_process(str(src), str(out), **kwargs)
                 except Exception as exc:  # noqa: BLE001 - recorded, next attempt tried
                     what = "without symbolic shape inference" if kwargs else "with symbolic shape inference"
-                    notes.append(f"quant_pre_process {what} failed ({str(exc).splitlines()[0][:100]})")
+                    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:100]
+                    notes.append(f"quant_pre_process {what} failed ({reason})")
                     continue
                 return PassResult(load_onnx(out), True, {"notes": notes})
         return PassResult(model, False, {"notes": notes})
@@ -426,6 +434,7 @@ def quantize(
     ``error_report`` adds per-module output errors on the calibration (or eval) samples.
     """
     cfg = (config or QuantizeConfig()).with_changes(**options) if options else (config or QuantizeConfig())
+    check_samples("eval_samples", eval_samples)
     start = time.perf_counter()
     src, dst = resolve_model_path(model_path), Path(output_path)
     if src.resolve() == dst.resolve():

@@ -15,7 +15,19 @@ from .aggregate import AGGREGATORS
 from .augment import MODALITIES, transforms_for
 from .methods import ADAPTATION_METHODS
 
-__all__ = ["TestTimePolicy", "ADAPTATION_METHODS", "POLICY_PRESETS", "policy_preset"]
+__all__ = ["MAX_PASSES", "TestTimePolicy", "ADAPTATION_METHODS", "POLICY_PRESETS", "policy_preset"]
+
+
+#: Most passes (adaptation iterations, MC dropout samples) a policy may ask for per batch.
+MAX_PASSES = 10_000
+_NUMBER_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "ttt_iterations": int,
+    "mc_dropout": int,
+    "seed": int,
+    "momentum": (int, float),
+    "learning_rate": (int, float),
+    "adaptive_threshold": (int, float),
+}
 
 
 @dataclass(frozen=True)
@@ -74,8 +86,9 @@ class TestTimePolicy:
         ADAPTATION_METHODS.get(self.ttt)
         if self.adaptive_threshold is not None and not 0.0 < self.adaptive_threshold <= 1.0:
             raise TestTimeError(f"adaptive_threshold must be in (0, 1], got {self.adaptive_threshold}")
-        if self.ttt_iterations is not None and self.ttt_iterations < 1:
-            raise TestTimeError(f"ttt_iterations must be >= 1, got {self.ttt_iterations}")
+        self._check_types()
+        if self.ttt_iterations is not None and not 1 <= self.ttt_iterations <= MAX_PASSES:
+            raise TestTimeError(f"ttt_iterations must be in [1, {MAX_PASSES:,}], got {self.ttt_iterations}")
         if not 0.0 < self.momentum <= 1.0:
             raise TestTimeError(f"momentum must be in (0, 1], got {self.momentum}")
         if self.bn_prior < 0:
@@ -94,8 +107,19 @@ class TestTimePolicy:
             )
         if self.learning_rate <= 0:
             raise TestTimeError(f"learning_rate must be > 0, got {self.learning_rate}")
-        if self.mc_dropout < 0 or self.mc_dropout == 1:
-            raise TestTimeError(f"mc_dropout is the number of passes: 0 (off) or >= 2, got {self.mc_dropout}")
+        if self.mc_dropout < 0 or self.mc_dropout == 1 or self.mc_dropout > MAX_PASSES:
+            raise TestTimeError(
+                f"mc_dropout is the number of passes: 0 (off) or 2..{MAX_PASSES:,}, got {self.mc_dropout}"
+            )
+
+    def _check_types(self) -> None:
+        """Numbers are numbers (a policy may come from a file: metadata, --policy JSON)."""
+        for name, kinds in _NUMBER_FIELDS.items():
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+                raise TestTimeError(
+                    f"{name} must be {'an integer' if kinds is int else 'a number'}, got {value!r}"
+                )
 
     @property
     def is_plain(self) -> bool:

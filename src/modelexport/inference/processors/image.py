@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._numeric import check_fits_in_memory, tensor_bytes
 from ...errors import InferenceError, MetadataError
 from ...metadata.build import hf_processor
 from ..graph import GraphInput
@@ -39,8 +40,13 @@ def to_array(image: Any) -> np.ndarray:
         try:
             with Image.open(path) as img:
                 image = img.convert("RGB") if img.mode not in ("L", "RGB") else img.copy()
-        except UnidentifiedImageError as exc:
-            raise InferenceError(f"{path} is not an image Pillow can read") from exc
+        except Image.DecompressionBombError as exc:  # Pillow's guard: the header declares too many pixels
+            raise InferenceError(
+                f"{path} declares more pixels than Pillow's limit of {Image.MAX_IMAGE_PIXELS:,} ({exc})",
+                hint="a decompression bomb, or an image far larger than any model input: resize it first",
+            ) from exc
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:  # truncated or broken files
+            raise InferenceError(f"{path} is not an image Pillow can read ({exc})") from exc
     if isinstance(image, Image.Image):
         image = image.convert("RGB") if image.mode not in ("L", "RGB") else image
         image = np.asarray(image)
@@ -111,6 +117,10 @@ class ONNXImageProcessor(BaseONNXProcessor):
             self.config.get("num_channels") or len(self.config.get("image_mean") or [0, 0, 0])
         )
         self.fixed_hw = (dims[h_axis], dims[w_axis]) if dims[h_axis] and dims[w_axis] else None
+        if self.fixed_hw:  # the graph's fixed size is what every image is resized to: refuse what cannot fit
+            check_fits_in_memory(
+                tensor_bytes((*self.fixed_hw, self.channels), 4), f"one {self.fixed_hw} image", InferenceError
+            )
         base = processor if processor is not None else hf_processor(self.config, self.kind, model_type)
         self.processor = self._fit(base)
 
