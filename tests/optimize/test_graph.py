@@ -62,27 +62,30 @@ def test_optimize_keeps_tags_outputs_and_metadata(tiny_bert_onnx: Path, tmp_path
 
 
 @pytest.mark.must
+@pytest.mark.parametrize(("engine", "count"), [("onnxscript", "matched"), ("ort", "fused")])
 def test_fused_nodes_get_the_common_ancestor_of_what_they_replaced(
-    tiny_bert_onnx: Path, tmp_path: Path
+    tiny_bert_onnx: Path, tmp_path: Path, engine: str, count: str
 ) -> None:
-    result = optimize_model(tiny_bert_onnx, tmp_path / "opt.onnx", level="none", transformer_fusion=True)
-    assert result.passes[0].record["stats"]["fused"]["SkipLayerNormalization"] == 4
+    out = tmp_path / "opt.onnx"
+    result = optimize_model(tiny_bert_onnx, out, level="none", transformer_fusion=True, fusion_engine=engine)
+    stats = result.passes[0].record["stats"]
+    assert (
+        stats[count]["skip_layer_normalization" if engine == "onnxscript" else "SkipLayerNormalization"] == 4
+    )
     src = onnx.load(tiny_bert_onnx)
     ln_tags = [
         {p.key: p.value for p in n.metadata_props}[TAG_KEY]
         for n in src.graph.node
         if n.op_type == "LayerNormalization"
     ]
-    model = onnx.load(tmp_path / "opt.onnx")
     fused = [
         {p.key: p.value for p in n.metadata_props}[TAG_KEY]
-        for n in model.graph.node
+        for n in onnx.load(out).graph.node
         if n.op_type == "SkipLayerNormalization"
     ]
     assert len(fused) == 4
-    for (
-        tag
-    ) in fused:  # a residual Add + LayerNorm live in one BertLayer submodule (BertSelfOutput / BertOutput)
+    # a residual Add + LayerNorm live in one BertLayer submodule (BertSelfOutput / BertOutput)
+    for tag in fused:
         assert "/BertLayer." in tag and tag.count("/") >= 4, tag
         assert any(common_ancestor({tag, ln}) == tag for ln in ln_tags)
 
