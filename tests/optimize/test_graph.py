@@ -126,8 +126,9 @@ def test_other_architectures_keep_full_tag_coverage(
 def test_fusion_family_comes_from_the_embedded_config_with_a_recorded_fallback(
     export_cache: Any, tmp_path: Path
 ) -> None:
-    """No --model-type: ORT's family named by the embedded config is tried first; when ORT's specialised
-    fusion crashes on the graph (gpt2 on dynamo exports), the generic family runs and the failure is recorded."""
+    """Engine ort, no --model-type: ORT's family named by the embedded config is tried first; when ORT's
+    specialised fusion crashes on the graph (gpt2 on dynamo exports), the generic family runs and the
+    failure is recorded."""
     from modelexport.optimize.graph import optimize_model
     from tests.models.hf_models import tiny_hf_model
 
@@ -137,10 +138,15 @@ def test_fusion_family_comes_from_the_embedded_config_with_a_recorded_fallback(
             f"hf-{name}", lambda n=name: tiny_hf_model(n), exporter="dynamo", verify_topology=True
         )
         result = optimize_model(
-            exported.onnx_path, tmp_path / f"{name}.onnx", level="extended", transformer_fusion=True
+            exported.onnx_path,
+            tmp_path / f"{name}.onnx",
+            level="extended",
+            transformer_fusion=True,
+            fusion_engine="ort",
         )
-        stats[name] = result.to_dict()["passes"][-1]["stats"]
-        assert result.to_dict()["passes"][-1]["retag"]["coverage_pct"] == 100.0
+        fusion = result.to_dict()["passes"][0]
+        stats[name] = fusion["stats"]["ort"]
+        assert fusion["name"] == "transformer_fusion" and fusion["retag"]["coverage_pct"] == 100.0
     assert stats["vit"]["model_type"] == "vit" and "failed_model_types" not in stats["vit"]
     assert stats["gpt2"]["model_type"] in ("gpt2", "bert")
     if stats["gpt2"]["model_type"] == "bert":
