@@ -112,7 +112,8 @@ def test_presets_on_the_command_line(
         "extended",
         True,
     )
-    assert data["passes"][-1]["stats"]["fused"].get("FastGelu")
+    fusion = next(p for p in data["passes"] if p["name"] == "transformer_fusion")
+    assert fusion["stats"]["fused"].get("FastGelu") and fusion["stats"]["matched"]["attention"] == 2
     code = main(
         [
             "quantize",

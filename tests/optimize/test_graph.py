@@ -62,27 +62,30 @@ def test_optimize_keeps_tags_outputs_and_metadata(tiny_bert_onnx: Path, tmp_path
 
 
 @pytest.mark.must
+@pytest.mark.parametrize(("engine", "count"), [("onnxscript", "matched"), ("ort", "fused")])
 def test_fused_nodes_get_the_common_ancestor_of_what_they_replaced(
-    tiny_bert_onnx: Path, tmp_path: Path
+    tiny_bert_onnx: Path, tmp_path: Path, engine: str, count: str
 ) -> None:
-    result = optimize_model(tiny_bert_onnx, tmp_path / "opt.onnx", level="none", transformer_fusion=True)
-    assert result.passes[0].record["stats"]["fused"]["SkipLayerNormalization"] == 4
+    out = tmp_path / "opt.onnx"
+    result = optimize_model(tiny_bert_onnx, out, level="none", transformer_fusion=True, fusion_engine=engine)
+    stats = result.passes[0].record["stats"]
+    assert (
+        stats[count]["skip_layer_normalization" if engine == "onnxscript" else "SkipLayerNormalization"] == 4
+    )
     src = onnx.load(tiny_bert_onnx)
     ln_tags = [
         {p.key: p.value for p in n.metadata_props}[TAG_KEY]
         for n in src.graph.node
         if n.op_type == "LayerNormalization"
     ]
-    model = onnx.load(tmp_path / "opt.onnx")
     fused = [
         {p.key: p.value for p in n.metadata_props}[TAG_KEY]
-        for n in model.graph.node
+        for n in onnx.load(out).graph.node
         if n.op_type == "SkipLayerNormalization"
     ]
     assert len(fused) == 4
-    for (
-        tag
-    ) in fused:  # a residual Add + LayerNorm live in one BertLayer submodule (BertSelfOutput / BertOutput)
+    # a residual Add + LayerNorm live in one BertLayer submodule (BertSelfOutput / BertOutput)
+    for tag in fused:
         assert "/BertLayer." in tag and tag.count("/") >= 4, tag
         assert any(common_ancestor({tag, ln}) == tag for ln in ln_tags)
 
@@ -123,8 +126,9 @@ def test_other_architectures_keep_full_tag_coverage(
 def test_fusion_family_comes_from_the_embedded_config_with_a_recorded_fallback(
     export_cache: Any, tmp_path: Path
 ) -> None:
-    """No --model-type: ORT's family named by the embedded config is tried first; when ORT's specialised
-    fusion crashes on the graph (gpt2 on dynamo exports), the generic family runs and the failure is recorded."""
+    """Engine ort, no --model-type: ORT's family named by the embedded config is tried first; when ORT's
+    specialised fusion crashes on the graph (gpt2 on dynamo exports), the generic family runs and the
+    failure is recorded."""
     from modelexport.optimize.graph import optimize_model
     from tests.models.hf_models import tiny_hf_model
 
@@ -134,10 +138,15 @@ def test_fusion_family_comes_from_the_embedded_config_with_a_recorded_fallback(
             f"hf-{name}", lambda n=name: tiny_hf_model(n), exporter="dynamo", verify_topology=True
         )
         result = optimize_model(
-            exported.onnx_path, tmp_path / f"{name}.onnx", level="extended", transformer_fusion=True
+            exported.onnx_path,
+            tmp_path / f"{name}.onnx",
+            level="extended",
+            transformer_fusion=True,
+            fusion_engine="ort",
         )
-        stats[name] = result.to_dict()["passes"][-1]["stats"]
-        assert result.to_dict()["passes"][-1]["retag"]["coverage_pct"] == 100.0
+        fusion = result.to_dict()["passes"][0]
+        stats[name] = fusion["stats"]["ort"]
+        assert fusion["name"] == "transformer_fusion" and fusion["retag"]["coverage_pct"] == 100.0
     assert stats["vit"]["model_type"] == "vit" and "failed_model_types" not in stats["vit"]
     assert stats["gpt2"]["model_type"] in ("gpt2", "bert")
     if stats["gpt2"]["model_type"] == "bert":

@@ -9,6 +9,7 @@ import click
 
 from ..optimize.config import (
     CALIBRATE_METHODS,
+    FUSION_ENGINES,
     OPTIMIZE_PRESETS,
     QUANT_MODES,
     WEIGHT_TYPES,
@@ -199,6 +200,21 @@ def quantize_cmd(model: str, output: str, preset: str | None, **opts: Any) -> in
     return 0
 
 
+#: Pass statistics printed on lines of their own (the rest go on the pass's line).
+_OWN_LINE = ("warning", "note", "matched", "fused")
+
+
+def _fusion_lines(stats: dict[str, Any]) -> list[str]:
+    """Patterns matched per fusion, and why a set of fusions was rejected."""
+    lines = []
+    for key, label in (("matched", "patterns matched"), ("fused", "ORT fused operators")):
+        if key in stats:
+            lines.append(f"    {label}: " + (", ".join(f"{k} {v}" for k, v in stats[key].items()) or "none"))
+    for name, why in stats.get("onnxscript", {}).get("rejected", {}).items():
+        lines.append(f"    rejected ({name} fusions): {why}")
+    return lines
+
+
 def optimize_summary(result: Any) -> str:
     lines = [
         f"Optimized {result.input_path} -> {result.output_path}",
@@ -206,9 +222,12 @@ def optimize_summary(result: Any) -> str:
     ]
     for p in result.passes:
         pass_stats = p.record.get("stats", {})
-        stats = ", ".join(f"{k} {v}" for k, v in pass_stats.items() if k not in ("warning", "note"))
+        stats = ", ".join(
+            f"{k} {v}" for k, v in pass_stats.items() if k not in _OWN_LINE and not isinstance(v, dict)
+        )
         lines.append(f"  {p.name}: {p.nodes_before} -> {p.nodes_after} nodes ({stats})")
         lines += [f"    {k}: {pass_stats[k]}" for k in ("warning", "note") if k in pass_stats]
+        lines += _fusion_lines(pass_stats)
     if result.op_changes:
         lines.append("  op changes: " + ", ".join(f"{op} {n:+d}" for op, n in result.op_changes.items()))
     return "\n".join(lines)
@@ -236,7 +255,18 @@ def optimize_summary(result: Any) -> str:
     help="ONNX Runtime offline graph optimization level ('none' = 'disable'; 'all' is specific to this CPU).",
 )
 @click.option(
-    "--transformer-fusion", is_flag=True, help="Attention/LayerNorm/GELU fusions (onnxruntime.transformers)."
+    "--transformer-fusion",
+    is_flag=True,
+    help="Attention/MultiHeadAttention/GQA, SkipLayerNorm, RMSNorm, BiasGelu fusions, checked against the "
+    "unfused graph on a padded batch (fusions that change outputs are dropped and reported).",
+)
+@click.option(
+    "--fusion-engine",
+    type=click.Choice(FUSION_ENGINES),
+    default=None,
+    show_default="auto",
+    help="auto: onnxscript's rewriter (made for dynamo graphs), then ONNX Runtime's transformer optimizer "
+    "only for FastGelu or when onnxscript matched nothing (TorchScript graphs); onnxscript / ort: that one.",
 )
 @click.option(
     "--approximate-gelu",
@@ -246,8 +276,8 @@ def optimize_summary(result: Any) -> str:
 @click.option(
     "--model-type",
     default=None,
-    help="ORT fusion family for --transformer-fusion (bert, gpt2, bart, vit...; default: the embedded "
-    "config's model_type when ORT knows it, else bert).",
+    help="ORT fusion family when ONNX Runtime's transformer optimizer runs (bert, gpt2, bart, vit...; "
+    "default: the embedded config's model_type when ORT knows it, else bert).",
 )
 @click.option(
     "--num-heads",

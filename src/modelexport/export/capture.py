@@ -95,10 +95,10 @@ def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     kwargs = dict(inputs.tensors)
     dynamic = None
     if not s.static_shapes:
+        # names, not Dim.DYNAMIC: torch.onnx makes them Dim.DYNAMIC and renames the graph's symbols (s18, s41)
+        # to them afterwards, so inputs read batch_size / sequence_length as Optimum writes them
         axes = inputs.dynamic_axes(False) or {}
-        dynamic = {
-            name: {int(a): torch.export.Dim.DYNAMIC for a in axes.get(name, {})} for name in inputs.tensors
-        }
+        dynamic = {name: {int(a): str(n) for a, n in axes.get(name, {}).items()} for name in inputs.tensors}
     program = torch.onnx.export(
         model,
         (),

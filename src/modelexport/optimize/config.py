@@ -23,6 +23,7 @@ __all__ = [
     "MAX_SAMPLES",
     "check_samples",
     "CALIBRATE_METHODS",
+    "FUSION_ENGINES",
     "OPTIMIZE_PRESETS",
     "QUANTIZE_PRESETS",
     "QUANT_MODES",
@@ -36,6 +37,12 @@ __all__ = [
 WEIGHT_TYPES = {"int8": "QInt8", "uint8": "QUInt8"}
 #: Activation range calibrators: our name -> ``onnxruntime.quantization.CalibrationMethod`` member.
 CALIBRATE_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+#: Who fuses transformer patterns (``transformer_fusion``): ``auto`` = onnxscript's rewriter (made for
+#: dynamo graphs), then ORT's transformer optimizer only where it adds something (approximate Gelu, or
+#: onnxscript matched nothing: TorchScript graphs); ``onnxscript`` / ``ort``: that library alone
+#: (``onnxscript`` still asks ORT for FastGelu when ``approximate_gelu``).
+FUSION_ENGINES = ("auto", "onnxscript", "ort")
 
 #: ``fn(in_path, out_path, config, nodes_to_exclude, samples)`` writes the quantized model (files:
 #: ORT's quantizers mishandle in-memory protos with large initializers).
@@ -153,10 +160,11 @@ class QuantizeConfig:
 
 @dataclass(frozen=True)
 class OptimizeConfig:
-    """Which graph passes to run, in this order: ORT level, transformer fusion, fp16, simplify."""
+    """Which graph passes to run, in this order: transformer fusion, ORT level, fp16, simplify."""
 
     level: str = "extended"
     transformer_fusion: bool = False
+    fusion_engine: str = "auto"  # FUSION_ENGINES
     approximate_gelu: bool = False  # transformer fusion option: Gelu -> FastGelu (tanh approximation)
     model_type: str | None = None  # ORT fusion family; None: from the embedded config
     num_heads: int | None = None
@@ -167,6 +175,9 @@ class OptimizeConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", graph_level(self.level, "level"))
+        object.__setattr__(
+            self, "fusion_engine", _choice("fusion_engine", self.fusion_engine, FUSION_ENGINES)
+        )
         for name in ("num_heads", "hidden_size"):
             value = getattr(self, name)
             if value is not None and value <= 0:

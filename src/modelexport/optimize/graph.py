@@ -25,6 +25,7 @@ from ..onnxfile import load_onnx, resolve_model_path, save_onnx
 from ..runtime.session import create_session
 from .carry import CarryMetadata, model_metadata, write_transformed
 from .config import OptimizeConfig
+from .fusion import fuse_for_ort, ort_fusion_needed
 from .retag import Retagged, tag_coverage
 
 if TYPE_CHECKING:
@@ -55,19 +56,6 @@ def register_pass(name: str, applies: Callable[[OptimizeConfig], bool]) -> Calla
         return fn
 
     return deco
-
-
-@register_pass("ort", lambda c: c.level != "disable")
-def ort_offline(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
-    """ONNX Runtime's graph optimizer at ``cfg.level``, saved to a file (``optimized_model_filepath``)."""
-    src, out = save_onnx(model, tmp / "ort_in.onnx"), tmp / "ort_out.onnx"
-    create_session(src, graph_optimization_level=cfg.level, optimized_model_filepath=str(out))
-    stats = {"level": cfg.level}
-    if cfg.level == "all":
-        stats["note"] = (
-            "level 'all' may add layout changes specific to this CPU; prefer 'extended' for portable files"
-        )
-    return load_onnx(out), stats
 
 
 def _hf_config(model: Any) -> dict[str, Any]:
@@ -104,9 +92,9 @@ def fusion_model_types(model: Any, requested: str | None) -> list[str]:
     return [embedded, "bert"] if embedded in MODEL_TYPES and embedded != "bert" else ["bert"]
 
 
-@register_pass("transformer_fusion", lambda c: c.transformer_fusion)
-def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
-    """Attention / LayerNorm / GELU fusions of ``onnxruntime.transformers.optimizer``."""
+def ort_transformer_optimizer(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """Attention / LayerNorm / GELU fusions of ``onnxruntime.transformers.optimizer`` (TorchScript graphs;
+    on any graph: Gelu -> FastGelu)."""
     from onnxruntime.transformers import optimizer
     from onnxruntime.transformers.fusion_options import FusionOptions
 
@@ -138,6 +126,36 @@ def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any,
             stats["approximate_gelu"] = True
         return opt.model, {**stats, "failed_model_types": failed} if failed else stats
     raise AssertionError("unreachable: the loop returns or re-raises")  # pragma: no cover
+
+
+@register_pass("transformer_fusion", lambda c: c.transformer_fusion)
+def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """Transformer fusions before ORT's level: onnxscript's rewriter (engine auto/onnxscript), then ORT's
+    transformer optimizer where it adds something (engine ort, approximate Gelu, nothing matched)."""
+    stats: dict[str, Any] = {"engine": cfg.fusion_engine}
+    if cfg.fusion_engine != "ort":
+        model, stats["onnxscript"] = fuse_for_ort(model)
+        stats["matched"] = stats["onnxscript"]["matched"]
+    run_ort = cfg.fusion_engine == "ort" or cfg.approximate_gelu
+    if cfg.fusion_engine == "auto":
+        run_ort = ort_fusion_needed(stats["onnxscript"], cfg.approximate_gelu)
+    if run_ort:
+        model, stats["ort"] = ort_transformer_optimizer(model, cfg, tmp)
+        stats["fused"] = stats["ort"]["fused"]
+    return model, stats
+
+
+@register_pass("ort", lambda c: c.level != "disable")
+def ort_offline(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+    """ONNX Runtime's graph optimizer at ``cfg.level``, saved to a file (``optimized_model_filepath``)."""
+    src, out = save_onnx(model, tmp / "ort_in.onnx"), tmp / "ort_out.onnx"
+    create_session(src, graph_optimization_level=cfg.level, optimized_model_filepath=str(out))
+    stats = {"level": cfg.level}
+    if cfg.level == "all":
+        stats["note"] = (
+            "level 'all' may add layout changes specific to this CPU; prefer 'extended' for portable files"
+        )
+    return load_onnx(out), stats
 
 
 @register_pass("fp16", lambda c: c.fp16)

@@ -78,25 +78,41 @@ def _index_before(model: Any) -> _Before:
 
 
 def _replaced_tags(node: Any, before: _Before, kept_names: set[str]) -> set[str]:
-    """Tags of the old nodes between ``node``'s inputs and its outputs (what it replaced)."""
+    """Tags of the old nodes between ``node``'s inputs and its outputs (what it replaced).
+
+    Walks back from its outputs to its inputs, then keeps the old nodes that depend on one of its inputs:
+    a shape computation shared with another layer (dynamo graphs reuse them) is behind the outputs but
+    not after the inputs, and would lift the tag to the two layers' common ancestor. When nothing depends
+    on the inputs (they are constants), every node walked is kept.
+    """
     stop = set(node.input)
     todo = [before.producer[o] for o in node.output if o in before.producer]
-    seen: set[int] = set()
-    tags: set[str] = set()
+    seen: dict[int, Any] = {}
     while todo and len(seen) < _MAX_REPLACED:
         old = todo.pop()
         if id(old) in seen:
             continue
-        seen.add(id(old))
-        tag = before.tag_by_name.get(old.name) or _props(old).get(TAG_KEY)
-        if tag:
-            tags.add(tag)
+        seen[id(old)] = old
         for inp in old.input:
             prev = before.producer.get(inp)
             if inp in stop or prev is None or prev.name in kept_names:
                 continue
             todo.append(prev)
-    return tags
+    between = _after_inputs(list(seen.values()), stop) or list(seen.values())
+    return {t for old in between if (t := before.tag_by_name.get(old.name) or _props(old).get(TAG_KEY))}
+
+
+def _after_inputs(nodes: list[Any], inputs: set[str]) -> list[Any]:
+    """The ``nodes`` that depend, through ``nodes``, on one of the tensors ``inputs``."""
+    reached, found, grown = set(inputs), {}, True
+    while grown:
+        grown = False
+        for old in nodes:
+            if id(old) not in found and reached.intersection(old.input):
+                found[id(old)] = old
+                reached.update(old.output)
+                grown = True
+    return list(found.values())
 
 
 def _by_prefix(name: str, before: _Before) -> str | None:
