@@ -27,6 +27,7 @@ __all__ = [
     "InitializerInfo",
     "TensorEdges",
     "tensor_edges",
+    "index_limits",
     "resolve_module",
     "close_matches",
     "ancestors_of",
@@ -82,6 +83,45 @@ def tensor_edges(nodes: Sequence[onnx.NodeProto]) -> TensorEdges:
             if inp:
                 consumers[inp].append(i)
     return TensorEdges(producer, consumers)
+
+
+#: Ops an id tensor passes through unchanged on its way to a ``Gather``.
+_PASS_THROUGH = ("Cast", "Identity", "DequantizeLinear", "Unsqueeze", "Reshape", "Flatten", "Squeeze")
+
+
+def _rows(model: onnx.ModelProto, producers: dict[str, Any], name: str) -> int | None:
+    """First dimension of a table tensor: an initializer, possibly behind Cast/DequantizeLinear."""
+    for _ in range(8):
+        init = next((i for i in model.graph.initializer if i.name == name), None)
+        if init is not None:
+            return int(init.dims[0]) if init.dims else None
+        node = producers.get(name)
+        if node is None or node.op_type not in _PASS_THROUGH:
+            return None
+        name = node.input[0]
+    return None
+
+
+def index_limits(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph input -> the row count of the smallest table it indexes with ``Gather`` (ids stay in range)."""
+    nodes = model.graph.node
+    edges = tensor_edges(nodes)
+    producers = {t: nodes[i] for t, i in edges.producer.items()}
+    consumers = {t: [nodes[i] for i in idx] for t, idx in edges.consumers.items()}
+    limits: dict[str, int] = {}
+    for inp in model.graph.input:
+        frontier, seen = [inp.name], set()
+        while frontier:
+            t = frontier.pop()
+            seen.add(t)
+            for n in consumers.get(t, []):
+                if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == t:
+                    rows = _rows(model, producers, n.input[0])
+                    if rows:
+                        limits[inp.name] = min(rows, limits.get(inp.name, rows))
+                elif n.op_type in _PASS_THROUGH and n.input[0] == t:
+                    frontier += [o for o in n.output if o not in seen]
+    return limits
 
 
 def ancestors_of(tag: str) -> list[str]:

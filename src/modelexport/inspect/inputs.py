@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InferenceError, InputSpecError
-from ..hierarchy.graph import tensor_edges
+from ..hierarchy.graph import index_limits
 from ..runtime.types import ORT_TO_NUMPY as _ORT_TYPES
 
 __all__ = [
     "generate_inputs",
-    "index_limits",
     "load_npz_inputs",
     "run_session",
     "DYNAMIC_BATCH",
@@ -53,44 +52,6 @@ def _values(rng: Any, shape: list[int], dtype: str, spec: dict[str, Any] | None)
         lo, hi = (spec or {}).get("range") or INT_RANGE
         return rng.integers(int(lo), max(int(hi), int(lo) + 1), size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
-
-
-_PASS_THROUGH = ("Cast", "Identity", "DequantizeLinear", "Unsqueeze", "Reshape", "Flatten", "Squeeze")
-
-
-def _rows(model: Any, producers: dict[str, Any], name: str) -> int | None:
-    """First dimension of a table tensor: an initializer, possibly behind Cast/DequantizeLinear."""
-    for _ in range(8):
-        init = next((i for i in model.graph.initializer if i.name == name), None)
-        if init is not None:
-            return int(init.dims[0]) if init.dims else None
-        node = producers.get(name)
-        if node is None or node.op_type not in _PASS_THROUGH:
-            return None
-        name = node.input[0]
-    return None
-
-
-def index_limits(model: Any) -> dict[str, int]:
-    """Graph input -> the row count of the smallest table it indexes with ``Gather`` (ids stay in range)."""
-    nodes = model.graph.node
-    edges = tensor_edges(nodes)
-    producers = {t: nodes[i] for t, i in edges.producer.items()}
-    consumers = {t: [nodes[i] for i in idx] for t, idx in edges.consumers.items()}
-    limits: dict[str, int] = {}
-    for inp in model.graph.input:
-        frontier, seen = [inp.name], set()
-        while frontier:
-            t = frontier.pop()
-            seen.add(t)
-            for n in consumers.get(t, []):
-                if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] == t:
-                    rows = _rows(model, producers, n.input[0])
-                    if rows:
-                        limits[inp.name] = min(rows, limits.get(inp.name, rows))
-                elif n.op_type in _PASS_THROUGH and n.input[0] == t:
-                    frontier += [o for o in n.output if o not in seen]
-    return limits
 
 
 def generate_inputs(

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..hierarchy.graph import index_limits
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY
 from ..runtime.session import create_session
 
@@ -120,16 +121,6 @@ def _safe_only(model: Any) -> dict[str, int]:
     return counts
 
 
-def _table_rows(model: onnx.ModelProto) -> dict[str, int]:
-    """Graph input -> rows of the smallest initializer table a ``Gather`` indexes with it directly."""
-    rows = {i.name: int(i.dims[0]) for i in model.graph.initializer if i.dims}
-    limits: dict[str, int] = {}
-    for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) > 1 and node.input[0] in rows:
-            limits[node.input[1]] = min(rows[node.input[0]], limits.get(node.input[1], rows[node.input[0]]))
-    return limits
-
-
 def probe_feeds(model: onnx.ModelProto) -> dict[str, Any]:
     """A padded batch for every graph input: dynamic dims -> 2 (batch) / 8; integer ``*mask*`` inputs are
     ones with the second row's last 3 positions zero; other integers in [0, 10) (below the rows of a table
@@ -138,7 +129,7 @@ def probe_feeds(model: onnx.ModelProto) -> dict[str, Any]:
     from onnx import helper
 
     rng = np.random.default_rng(0)
-    limits = _table_rows(model)
+    limits = index_limits(model)
     feeds: dict[str, Any] = {}
     for inp in model.graph.input:
         tensor = inp.type.tensor_type
