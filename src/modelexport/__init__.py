@@ -46,6 +46,8 @@ _LAZY: dict[str, str] = {
     "run_pipeline": "modelexport.workflow:run_pipeline",
     "PipelineConfig": "modelexport.workflow:PipelineConfig",
     "load_dataset": "modelexport.data.readers:load_dataset",
+    "batch_infer": "modelexport.batch.api:batch_infer",
+    "BatchResult": "modelexport.batch.api:BatchResult",
 }
 
 __all__ = ["__version__", "export", *sorted(_LAZY)]

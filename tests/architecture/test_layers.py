@@ -2,7 +2,7 @@
 
 Ranks, low to high: the core (errors, file I/O, ONNX files) -> hierarchy -> metadata -> runtime ->
 test-time engine -> data -> inference (processors, pipelines, evaluation) -> optimize -> export (which
-composes quantization for ``export --quantize``) -> inspect -> train (DSPy) -> workflow (the end-to-end
+composes quantization for ``export --quantize``) -> inspect, batch (dataset-scale inference) -> train (DSPy) -> workflow (the end-to-end
 pipeline) -> cli. A module may import its own layer or a lower one; importing the package's own modules
 inside a function is refused (it is how upward imports and cycles hide), except in ``cli``: nothing imports
 the CLI, so nothing can hide there, and its command modules are loaded to print ``--help``, so each
@@ -29,6 +29,7 @@ RANKS = {
     "optimize": 7,
     "export": 8,
     "inspect": 9,
+    "batch": 9,
     "train": 10,
     "workflow": 11,
     "cli": 12,

@@ -1,4 +1,8 @@
-"""``modelexport infer MODEL --text ... | --image PATH | --audio PATH``: predictions and latency."""
+"""``modelexport infer MODEL --text ... | --image PATH | --audio PATH``: predictions and latency.
+
+``modelexport infer MODEL --data PATH --output PRED.parquet [--engine ray ...]``: a whole dataset, written
+to a file (see :func:`modelexport.batch.batch_infer`).
+"""
 
 from __future__ import annotations
 
@@ -40,6 +44,128 @@ def _check_modality(pipe: Any, kind: str) -> None:
         )
 
 
+# --- batch: --data PATH --output PRED, on this process or on Ray ------------------------------------------
+
+
+def _batch_options(fn: Any) -> Any:
+    """The options of a dataset run (one block, so other options stay independent of it)."""
+    options = [
+        click.option(
+            "--data",
+            type=click.Path(exists=True),
+            default=None,
+            help="Dataset to score: CSV/TSV/JSON/JSONL/Parquet/.txt, or an image folder.",
+        ),
+        click.option(
+            "--output",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Predictions: PRED.parquet or PRED.jsonl.",
+        ),
+        click.option(
+            "--engine",
+            type=click.Choice(["local", "ray"]),
+            default="local",
+            show_default=True,
+            help="local: this process, with a progress bar; ray: Ray Data actors (pip install 'modelexport[distributed]').",
+        ),
+        click.option(
+            "--num-workers",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Ray actors, one ONNX Runtime session each.",
+        ),
+        click.option(
+            "--threads-per-worker",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="ONNX Runtime intra-op threads (and CPUs reserved) per worker.",
+        ),
+        click.option(
+            "--address",
+            default=None,
+            help="Ray cluster to join: auto or ray://HOST:10001 (default: start a local one).",
+        ),
+        click.option(
+            "--keep-columns", default="", help="Input columns copied to the output, comma separated."
+        ),
+        click.option(
+            "--input-column", default=None, help="The text or image-path column (default: detected by name)."
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+_BATCH_DEFAULTS = {
+    "output": None,
+    "engine": "local",
+    "num_workers": 1,
+    "threads_per_worker": 1,
+    "address": None,
+}
+
+
+def _batch_only(batch: dict[str, Any], has_items: bool) -> None:
+    """--data and --text/--image/--audio exclude each other; the dataset options need --data."""
+    if batch["data"] is not None and has_items:
+        raise ConfigError("give --data or --text/--image/--audio, not both")
+    if batch["data"] is not None and batch["output"] is None:
+        raise ConfigError("--data needs --output PRED.parquet or PRED.jsonl")
+    changed = [k for k, v in _BATCH_DEFAULTS.items() if batch[k] != v] + [
+        k for k in ("keep_columns", "input_column") if batch[k]
+    ]
+    if batch["data"] is None and changed:
+        raise ConfigError(f"--{changed[0].replace('_', '-')} needs --data")
+
+
+def _run_batch(
+    model: str,
+    task: str | None,
+    providers: str | None,
+    batch_size: int,
+    top_k: int | None,
+    as_json: bool,
+    batch: dict[str, Any],
+) -> int:
+    from ..batch import batch_infer
+
+    result = batch_infer(
+        model,
+        batch["data"],
+        batch["output"],
+        batch["engine"],
+        num_workers=batch["num_workers"],
+        threads_per_worker=batch["threads_per_worker"],
+        batch_size=batch_size,
+        address=batch["address"],
+        keep_columns=batch["keep_columns"],
+        task=task,
+        input_column=batch["input_column"],
+        providers=providers,
+        call_kwargs={} if top_k is None else {"top_k": top_k},
+        progress=not as_json,
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return 0
+    click.echo(
+        f"wrote {result.rows} row(s) to {result.output} ({result.task}, engine {batch['engine']}): "
+        f"{result.seconds:.1f} s, {result.rows_per_s:.1f} rows/s"
+    )
+    if result.errors:
+        first = result.error_examples[0]
+        click.secho(
+            f"{result.errors} row(s) failed and were written with an error, e.g. id {first['id']}: {first['error']}",
+            fg="yellow",
+            err=True,
+        )
+    return 0
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
@@ -75,13 +201,13 @@ def _jsonable(value: Any) -> Any:
 )
 @click.option(
     "--batch-size",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Inputs per ONNX Runtime run (padded per batch).",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Inputs per ONNX Runtime run (padded per batch); default 1, with --data 32.",
 )
 @click.option("--top-k", type=int, default=None, help="Labels per input for classification tasks.")
 @click.option("--json", "as_json", is_flag=True, help="Print predictions and timing as JSON.")
+@_batch_options
 def infer_cmd(
     model: str,
     texts: tuple[str, ...],
@@ -90,13 +216,21 @@ def infer_cmd(
     audio: tuple[str, ...],
     task: str | None,
     providers: str | None,
-    batch_size: int,
+    batch_size: int | None,
     top_k: int | None,
     as_json: bool,
+    **batch: Any,
 ) -> int:
-    """Run MODEL (a .onnx file or an export folder) on the inputs with the auto-detected pipeline."""
+    """Run MODEL (a .onnx file or an export folder) on the inputs with the auto-detected pipeline.
+
+    With --data PATH --output PRED.parquet|.jsonl: every row of a dataset, on this process or on Ray.
+    """
     from ..inference import pipeline
 
+    _batch_only(batch, bool(texts or images or audio or question))
+    if batch["data"] is not None:
+        return _run_batch(model, task, providers, batch_size or 32, top_k, as_json, batch)
+    batch_size = batch_size or 1
     items, kind = _inputs(texts, images, audio, question)
     kwargs: dict[str, Any] = {}
     if top_k is not None:

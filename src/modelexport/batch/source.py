@@ -1,0 +1,196 @@
+"""Input rows for batch inference: one Arrow table with ``id`` (the row's index in the input), the raw input
+(a text or an image path) and the columns the user keeps.
+
+Rows stay raw here: images are decoded and texts tokenized in the worker that runs them (the processor is
+the model's own, see :mod:`modelexport.batch.worker`), so the driver holds only strings. Tables are read by
+Arrow (what Ray Data moves between processes); the input column is found by the same names the dataset
+readers use (:mod:`modelexport.data.readers`), and an image path is relative to the file that lists it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..data.readers import IMAGE_COLUMNS, IMAGE_SUFFIXES, LABEL_COLUMNS, TEXT_COLUMNS
+from ..errors import ConfigError, DatasetError
+
+__all__ = ["Rows", "read_rows", "INPUT", "ID", "ERROR", "TABLE_READERS", "require_pyarrow"]
+
+ID, INPUT, ERROR = "id", "_input", "error"
+
+
+def require_pyarrow() -> Any:
+    """pyarrow (tables, Parquet), which ``modelexport[distributed]`` installs with Ray Data."""
+    try:
+        import pyarrow
+    except ImportError as exc:
+        raise ConfigError(
+            "batch inference (--data) needs pyarrow", hint="pip install 'modelexport[distributed]'"
+        ) from exc
+    return pyarrow
+
+
+@dataclass(frozen=True)
+class Rows:
+    """``table`` has ``id``, ``_input`` and the kept columns; ``kind`` is ``text`` or ``image`` (paths)."""
+
+    table: Any
+    kind: str
+    source: str
+    input_column: str
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+
+def _csv(sep: str) -> Callable[[Path], Any]:
+    def read(path: Path) -> Any:
+        from pyarrow import csv
+
+        # strings stay strings: a column of ids or zip codes must come back as written
+        return csv.read_csv(
+            path,
+            parse_options=csv.ParseOptions(delimiter=sep),
+            convert_options=csv.ConvertOptions(strings_can_be_null=True),
+        )
+
+    return read
+
+
+def _jsonl(path: Path) -> Any:
+    from pyarrow import json as pa_json
+
+    return pa_json.read_json(path)
+
+
+def _json(path: Path) -> Any:
+    import pyarrow as pa
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        raise DatasetError(f"{path}: JSON must be a list of objects (one per row)")
+    return pa.Table.from_pylist(data)
+
+
+def _parquet(path: Path) -> Any:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path)
+
+
+def _lines(path: Path) -> Any:
+    import pyarrow as pa
+
+    lines = [s.rstrip("\r\n") for s in path.read_text(encoding="utf-8").splitlines()]
+    return pa.table({"input": [s for s in lines if s.strip()]})
+
+
+#: Table file suffix -> reader returning an Arrow table (one row per input). ``.txt``: one input per line.
+TABLE_READERS: dict[str, Callable[[Path], Any]] = {
+    ".csv": _csv(","),
+    ".tsv": _csv("\t"),
+    ".jsonl": _jsonl,
+    ".ndjson": _jsonl,
+    ".json": _json,
+    ".parquet": _parquet,
+    ".txt": _lines,
+}
+
+
+def _image_folder(root: Path) -> Any:
+    """Flat images, or one sub-folder per class (kept as ``label``), in the dataset readers' sorted order."""
+    import pyarrow as pa
+
+    def images(folder: Path) -> list[Path]:
+        return sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
+
+    flat = images(root)
+    if flat:
+        return pa.table({"path": [str(f) for f in flat]})
+    files, labels = [], []
+    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        found = images(sub)
+        files += [str(f) for f in found]
+        labels += [sub.name] * len(found)
+    if not files:
+        raise DatasetError(f"{root}: no images found", hint=f"put {', '.join(IMAGE_SUFFIXES)} files in it")
+    return pa.table({"path": files, "label": labels})
+
+
+def _input_column(names: list[str], given: str | None, source: str) -> str:
+    if given is not None:
+        if given not in names:
+            raise DatasetError(f"{source}: no column {given!r}; columns are {names}")
+        return given
+    lower = {n.lower(): n for n in names}
+    found = next((lower[c] for c in (*TEXT_COLUMNS, *IMAGE_COLUMNS) if c in lower), None)
+    if found is not None:
+        return found
+    others = [n for n in names if n.lower() not in LABEL_COLUMNS]
+    if len(others) == 1:
+        return others[0]
+    raise DatasetError(
+        f"{source}: no input column found among {names}",
+        hint=f"name it one of {', '.join(TEXT_COLUMNS + IMAGE_COLUMNS)} or pass --input-column",
+    )
+
+
+def _is_image_column(values: list[Any]) -> bool:
+    given = [v for v in values if isinstance(v, str) and v.strip()]
+    return bool(given) and all(v.lower().endswith(IMAGE_SUFFIXES) for v in given)
+
+
+def _table(data: str | os.PathLike[str] | Sequence[str]) -> tuple[Any, str, Path | None]:
+    """(Arrow table, source name, folder image paths are relative to)."""
+    import pyarrow as pa
+
+    if not isinstance(data, (str, os.PathLike)):
+        return pa.table({"input": [None if v is None else str(v) for v in data]}), "<list>", Path.cwd()
+    path = Path(data)
+    if path.is_dir():
+        return _image_folder(path), str(path), path
+    reader = TABLE_READERS.get(path.suffix.lower())
+    if reader is None:
+        raise DatasetError(
+            f"{path}: batch inference cannot read {path.suffix or 'files without an extension'}",
+            hint=f"use {', '.join(TABLE_READERS)} or an image folder",
+        )
+    if not path.is_file():
+        raise DatasetError(f"input data not found: {path}")
+    try:
+        return reader(path), str(path), path.parent
+    except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
+        raise DatasetError(f"{path}: cannot read: {exc}") from exc
+
+
+def read_rows(
+    data: str | os.PathLike[str] | Sequence[str],
+    keep_columns: Sequence[str] = (),
+    input_column: str | None = None,
+) -> Rows:
+    """The rows of ``data``: a table file, an image folder, a ``.txt`` or a list of texts or image paths."""
+    import pyarrow as pa
+
+    require_pyarrow()
+    table, source, base = _table(data)
+    if table.num_rows == 0:
+        raise DatasetError(f"{source}: has no rows")
+    column = _input_column(table.column_names, input_column, source)
+    missing = [c for c in keep_columns if c not in table.column_names]
+    if missing:
+        raise DatasetError(f"{source}: no column(s) {missing} to keep; columns are {table.column_names}")
+    values = table.column(column).to_pylist()
+    kind = "image" if _is_image_column(values) else "text"
+    if kind == "image":
+        values = [
+            None if v is None else str(base / v) if base and not Path(v).is_absolute() else v for v in values
+        ]
+    inputs = pa.array([v if v is None or isinstance(v, str) else str(v) for v in values], pa.string())
+    columns = {ID: pa.array(range(table.num_rows), pa.int64()), INPUT: inputs}
+    columns.update({c: table.column(c) for c in keep_columns})
+    return Rows(pa.table(columns), kind, source, column)
