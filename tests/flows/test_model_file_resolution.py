@@ -130,5 +130,8 @@ def test_external_data_outside_the_folder_is_refused(tiny_bert_export: Any, tmp_
                 entry.value = "../w.data"
     shutil.copy(inside / "w.data", tmp_path / "w.data")
     onnx.save_model(escaped, str(inside / "model.onnx"))
-    with pytest.raises(OnnxFileError, match="outside the model's folder"):
-        load_onnx(inside)
+    from modelexport.runtime.session import create_session
+
+    for load in (load_onnx, lambda p: load_onnx(p, weights=False), create_session):
+        with pytest.raises(OnnxFileError, match="outside the model's folder"):
+            load(inside)

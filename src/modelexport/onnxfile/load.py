@@ -84,15 +84,13 @@ def _parse(path: Path, weights: bool, external_data: bool) -> onnx.ModelProto:
     from google.protobuf.message import DecodeError
 
     try:
-        if not weights:
-            return load_structure(path)
-        proto = onnx.load(str(path), load_external_data=False)
+        proto = load_structure(path) if not weights else onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, IndexError, RuntimeError) as exc:
         raise OnnxFileError(f"{path} is not an ONNX model or is truncated/corrupted ({exc})") from exc
     except OSError as exc:
         raise OnnxFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
     check_external_locations(proto, path.parent)
-    if not external_data:
+    if not weights or not external_data:
         return proto
     try:
         onnx.external_data_helper.load_external_data_for_model(proto, str(path.parent))

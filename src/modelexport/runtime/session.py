@@ -14,7 +14,7 @@ from typing import Any
 
 from .._config import split_names
 from ..errors import ConfigError, OnnxFileError, ProviderError
-from ..onnxfile import resolve_model_path
+from ..onnxfile import load_onnx, resolve_model_path
 
 __all__ = [
     "GRAPH_LEVELS",
@@ -194,7 +194,9 @@ def create_session(
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()
     elif not isinstance(model, bytes):
-        model = str(resolve_model_path(model))
+        path = resolve_model_path(model)
+        load_onnx(path, weights=False)  # typed errors and external-data locations before ORT reads anything
+        model = str(path)
     order, skipped = resolve_providers(list(cfg.providers))
     if skipped:
         log.warning(
