@@ -161,3 +161,18 @@ def test_profile_attributes_ort_fused_nodes(tiny_bert_export: Any) -> None:
     assert root.total_us == pytest.approx(r.kernel_us, rel=1e-6)
     norms = [m for m in r.modules if m.tag.endswith("BertSelfOutput/LayerNorm")]
     assert len(norms) == 2 and all(m.self_us > 0 for m in norms)  # their LayerNorm now runs fused
+
+
+@pytest.mark.sanity
+def test_module_numeric_locates_int8_error_per_boundary(tiny_bert_export: Any, tmp_path: Path) -> None:
+    """fp32 vs int8: each module's boundary outputs differ a little; fp32 vs itself: exactly zero."""
+    from modelexport import quantize
+    from modelexport.inspect.compare import MODULE_DEPTH, compare
+
+    q = tmp_path / "q" / "model.onnx"
+    quantize(tiny_bert_export.onnx_path, q, progress=False)
+    same = compare(tiny_bert_export.onnx_path, tiny_bert_export.onnx_path, numeric=True).module_numeric
+    assert same and all(d["max_abs"] == 0.0 for d in same.values())
+    diff = compare(tiny_bert_export.onnx_path, q, numeric=True).module_numeric
+    assert set(diff) == set(same) and all(t.count("/") <= MODULE_DEPTH for t in diff)
+    assert all(0.0 < d["max_abs"] < 1.0 for d in diff.values())

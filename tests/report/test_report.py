@@ -92,6 +92,12 @@ def test_profile_compare_and_error_sections(browser: Any, bert_page: Any) -> Non
     assert len(rows) == len(data["compare"]["modules"])
     changed = {r.get_attribute("data-tag") for r in rows if "changed" in r.get_attribute("class")}
     assert "/BertModel/BertEncoder" in changed  # int8 weights are smaller
+    boundary = {
+        r.get_attribute("data-tag"): r.find_elements("css selector", "td")[-1].text for r in rows
+    }  # the error each module hands on, from running both models with its boundary exposed
+    for tag, d in data["compare"]["module_numeric"].items():
+        assert float(boundary[tag]) == pytest.approx(d["max_abs"], rel=1e-2)
+    assert 0 < data["compare"]["module_numeric"]["/BertModel/BertEncoder"]["max_abs"] < 1
     assert len(browser.find_elements("css selector", "#errors tr.error-row")) == len(data["error_report"]) > 0
 
 

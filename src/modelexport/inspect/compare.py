@@ -13,7 +13,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import InferenceError
+from ..hierarchy.graph import ancestors_of
 from ..runtime.session import create_session
+from ..testtime.graph import add_outputs
+from .extract import module_boundary
 from .formats import renderer
 from .inputs import generate_inputs, load_npz_inputs, run_session
 from .loading import TaggedModel, load_tagged_model
@@ -85,6 +88,9 @@ class Comparison:
     inputs_changed: bool
     outputs_changed: bool
     numeric: dict[str, dict[str, float]] | None = None
+    #: With ``numeric``: per module of A (down to ``MODULE_DEPTH``), the largest difference over the tensors
+    #: it hands to the rest of the graph (its ``extract`` boundary outputs) that B computes too.
+    module_numeric: dict[str, dict[str, float]] | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -121,16 +127,18 @@ def compare_models(a: TaggedModel, b: TaggedModel) -> Comparison:
     )
 
 
-def numeric_diff(
-    a: TaggedModel, b: TaggedModel, inputs: str | None = None, providers: tuple[str, ...] = ()
-) -> dict[str, dict[str, float]]:
-    """Run both models on the same inputs; per output of A: max abs and max relative difference to B."""
-    import numpy as np
+#: ``module_numeric`` covers modules down to this depth (root = 1): the model, its parts and their layers.
+MODULE_DEPTH = 3
 
+
+def _run_both(
+    a: Any, b: Any, a_sidecar: Any, inputs: str | None, providers: tuple[str, ...]
+) -> tuple[dict[str, Any], list[Any], dict[str, Any]]:
+    """(A's outputs by name, B's outputs in order, B's outputs by name) on the same feeds."""
     # failures come back as exceptions (one-line InferenceError): keep ORT's own error log quiet
-    sess_a, _ = create_session(a.proto, providers=providers, log_severity_level=4)
-    sess_b, _ = create_session(b.proto, providers=providers, log_severity_level=4)
-    feed = load_npz_inputs(inputs, sess_a) if inputs else generate_inputs(sess_a, a.sidecar, model=a.proto)
+    sess_a, _ = create_session(a, providers=providers, log_severity_level=4)
+    sess_b, _ = create_session(b, providers=providers, log_severity_level=4)
+    feed = load_npz_inputs(inputs, sess_a) if inputs else generate_inputs(sess_a, a_sidecar, model=a)
     names_b = [i.name for i in sess_b.get_inputs()]
     if sorted(names_b) != sorted(feed):
         raise InferenceError(
@@ -138,16 +146,54 @@ def numeric_diff(
         )
     out_a = dict(zip([o.name for o in sess_a.get_outputs()], run_session(sess_a, feed), strict=True))
     out_b_list = run_session(sess_b, feed)
-    out_b = dict(zip([o.name for o in sess_b.get_outputs()], out_b_list, strict=True))
+    return out_a, out_b_list, dict(zip([o.name for o in sess_b.get_outputs()], out_b_list, strict=True))
+
+
+def _difference(va: Any, vb: Any) -> dict[str, float]:
+    import numpy as np
+
+    if vb is None or np.shape(va) != np.shape(vb):
+        return {"max_abs": float("inf"), "max_rel": float("inf")}
+    diff = np.abs(np.asarray(va, np.float64) - np.asarray(vb, np.float64))
+    rel = diff / np.maximum(np.abs(np.asarray(va, np.float64)), 1e-12)
+    return {"max_abs": float(diff.max(initial=0.0)), "max_rel": float(rel.max(initial=0.0))}
+
+
+def numeric_diff(
+    a: TaggedModel, b: TaggedModel, inputs: str | None = None, providers: tuple[str, ...] = ()
+) -> dict[str, dict[str, float]]:
+    """Run both models on the same inputs; per output of A: max abs and max relative difference to B."""
+    out_a, out_b_list, out_b = _run_both(a.proto, b.proto, a.sidecar, inputs, providers)
+    return {
+        name: _difference(va, out_b.get(name, out_b_list[pos] if pos < len(out_b_list) else None))
+        for pos, (name, va) in enumerate(out_a.items())
+    }
+
+
+def module_numeric_diff(
+    a: TaggedModel, b: TaggedModel, inputs: str | None = None, providers: tuple[str, ...] = ()
+) -> dict[str, dict[str, float]]:
+    """Per module of A: max abs/rel difference over its boundary outputs that B also computes (by name).
+
+    Both models expose those tensors as extra outputs and run on the same feeds, so the error shows
+    where it enters (an int8 model usually keeps its float activations' names), not only at the end.
+    """
+    tags = [t for t in a.index.all_tags if len(ancestors_of(t)) <= MODULE_DEPTH]
+    in_b = set(b.index.producer)
+    cut = {t: [x for x in module_boundary(a.proto, a.index, t)["outputs"] if x in in_b] for t in tags}
+    cut = {t: names for t, names in cut.items() if names}
+    names = sorted({x for v in cut.values() for x in v})
+    out_a, _, out_b = _run_both(
+        add_outputs(a.proto, names), add_outputs(b.proto, names), a.sidecar, inputs, providers
+    )
     result = {}
-    for pos, (name, va) in enumerate(out_a.items()):
-        vb = out_b.get(name, out_b_list[pos] if pos < len(out_b_list) else None)
-        if vb is None or np.shape(va) != np.shape(vb):
-            result[name] = {"max_abs": float("inf"), "max_rel": float("inf")}
-            continue
-        diff = np.abs(va.astype(np.float64) - vb.astype(np.float64))
-        rel = diff / np.maximum(np.abs(va.astype(np.float64)), 1e-12)
-        result[name] = {"max_abs": float(diff.max(initial=0.0)), "max_rel": float(rel.max(initial=0.0))}
+    for tag, tensors in cut.items():
+        diffs = [_difference(out_a[x], out_b.get(x)) for x in tensors]
+        result[tag] = {
+            "max_abs": max(d["max_abs"] for d in diffs),
+            "max_rel": max(d["max_rel"] for d in diffs),
+            "tensors": len(tensors),
+        }
     return result
 
 
@@ -165,6 +211,7 @@ def compare(
     result = compare_models(a, b)
     if numeric:
         result.numeric = numeric_diff(a, b, inputs, providers)
+        result.module_numeric = module_numeric_diff(a, b, inputs, providers)
     return result
 
 
@@ -191,6 +238,8 @@ def _lines(c: Comparison) -> list[str]:
         out.append(f"module {tag}: " + ", ".join(f"{k} {x}->{y}" for k, (x, y) in d.items()))
     for name, d in (c.numeric or {}).items():
         out.append(f"output {name}: max abs diff {d['max_abs']:.3g}, max rel diff {d['max_rel']:.3g}")
+    for tag, d in (c.module_numeric or {}).items():
+        out.append(f"module {tag}: boundary max abs diff {d['max_abs']:.3g} ({d['tensors']} tensor(s))")
     return out + [f"note: {n}" for n in c.notes]
 
 

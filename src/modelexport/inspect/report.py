@@ -24,7 +24,7 @@ from ..inference.feeds import SampleSet
 from ..optimize.evaluate import module_error_report
 from ..runtime.session import create_session
 from .analyze import Analysis, analyze_model
-from .compare import compare_models, numeric_diff
+from .compare import compare_models, module_numeric_diff, numeric_diff
 from .extract import module_boundary
 from .inputs import generate_inputs, load_npz_inputs
 from .loading import TaggedModel, load_tagged_model
@@ -137,6 +137,7 @@ def _comparison(tm: TaggedModel, cfg: ReportConfig) -> tuple[dict[str, Any], lis
         "modules_removed": c.modules_removed,
         "modules": rows,
         "numeric": numeric_diff(tm, other, cfg.inputs) if cfg.numeric else None,
+        "module_numeric": module_numeric_diff(tm, other, cfg.inputs) if cfg.numeric else None,
     }
     errors = None
     if cfg.error_report:

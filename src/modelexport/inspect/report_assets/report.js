@@ -251,7 +251,8 @@
     const rows = c.modules.map((m) => ({
       attrs: { class: m.nodes[0] !== m.nodes[1] || m.bytes[0] !== m.bytes[1] ? "changed compare-row" : "compare-row", "data-tag": m.tag },
       cells: [m.tag, arrow(m.nodes[0], m.nodes[1], String), arrow(m.bytes[0], m.bytes[1], bytes),
-        Object.entries(m.ops).map(([op, [x, y]]) => op + " " + x + "\u2192" + y).join(", ")],
+        Object.entries(m.ops).map(([op, [x, y]]) => op + " " + x + "\u2192" + y).join(", "),
+        ...(c.module_numeric ? [m.tag in c.module_numeric ? c.module_numeric[m.tag].max_abs.toPrecision(3) : "-"] : [])],
     }));
     const lines = [
       "A: " + c.a.name, "B: " + c.b.name,
@@ -261,7 +262,7 @@
       ...Object.entries(c.numeric || {}).map(([k, v]) => "output " + k + ": max abs diff " + v.max_abs + ", max rel diff " + v.max_rel)];
     sec.replaceChildren(el("h2", { text: "Comparison (A = this model, B = --compare)" }),
       el("ul", {}, lines.map((l) => el("li", { class: "mono", text: l }))),
-      table(["module", "nodes", "weights", "op changes"], rows));
+      table(["module", "nodes", "weights", "op changes", ...(c.module_numeric ? ["boundary max abs diff"] : [])], rows));
   }
 
   function renderErrors(rows) {
