@@ -92,13 +92,8 @@ def training_modes(model: Any, keep_dropout: bool) -> Iterator[None]:
 def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     import torch
 
-    kwargs = dict(inputs.tensors)
-    dynamic = None
-    if not s.static_shapes:
-        axes = inputs.dynamic_axes(False) or {}
-        dynamic = {
-            name: {int(a): torch.export.Dim.DYNAMIC for a in axes.get(name, {})} for name in inputs.tensors
-        }
+    kwargs = inputs.forward_kwargs()
+    dynamic = None if s.static_shapes else inputs.dynamo_shapes()
     program = torch.onnx.export(
         model,
         (),
