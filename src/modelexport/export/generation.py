@@ -256,6 +256,7 @@ def generation_package_pass(ctx: Any) -> None:
         if gen_config is not None:
             gen_config.to_json_file(str(ctx.staging_dir / GENERATION_CONFIG_FILE), use_diff=True)
             ctx.files["generation_config"] = GENERATION_CONFIG_FILE
+            ctx.extra.setdefault("package_files", []).append(GENERATION_CONFIG_FILE)  # listed in the manifest
             record["generation_config"] = gen_config.to_diff_dict()
         ctx.extra["generation"] = record
         if ctx.config.embed_metadata:
