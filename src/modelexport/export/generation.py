@@ -19,6 +19,7 @@ from ..metadata.schema import KEY_GENERATION
 from ..metadata.store import update_metadata
 from .config import ExportConfig, InputSpec
 from .inputs import ExampleInputs, forward_parameters
+from .parity import check_parity, flatten_outputs
 
 __all__ = [
     "WITH_PAST_SUFFIX",
@@ -217,8 +218,6 @@ def _specs(tensors: dict[str, Any], past_names: list[str], vocab: int) -> list[I
 def first_step_parity(ctx: Any, model: bytes | Any) -> dict[str, Any]:
     """Parity of the first step (an empty, zero-length past) against PyTorch's prefill."""
     import torch
-
-    from .parity import check_parity, flatten_outputs
 
     inputs: CacheInputs = ctx.inputs
     ids = inputs.tensors["input_ids"]
