@@ -159,7 +159,7 @@ class TextGenerationPipeline(ONNXPipeline):
             max_new_tokens=int(g.get("max_new_tokens") or 20),
             do_sample=bool(g.get("do_sample") or False),
             temperature=float(g.get("temperature") or 1.0),
-            top_k=None,  # transformers' default 50 applies to sampling only when the config sets it
+            top_k=int(g.get("top_k", 50)) or None,  # transformers' default: 50 best tokens when sampling
             top_p=float(g.get("top_p") or 1.0),
             repetition_penalty=float(g.get("repetition_penalty") or 1.0),
             num_beams=int(g.get("num_beams") or 1),
