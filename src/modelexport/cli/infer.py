@@ -168,6 +168,8 @@ def infer_cmd(
     start = time.perf_counter()
     predictions = pipe(items, **kwargs)
     run_ms = (time.perf_counter() - start) * 1000
+    if "streamer" in kwargs:
+        click.echo("", err=True)  # end the streamed line
     info = pipe.describe()
     if as_json:
         doc = {
