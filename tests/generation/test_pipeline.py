@@ -73,6 +73,31 @@ def test_generation_stops_at_eos_and_pads_finished_rows(gen: Any) -> None:
     assert row0[1] == eos and (row0[2:] == pipe.pad_id).all()
 
 
+@pytest.mark.parametrize("position", [1, 3])
+def test_beam_search_finishes_hypotheses_at_eos_like_transformers(gen: Any, position: int) -> None:
+    pipe, model, ids, mask = gen
+    free = pipe.generate(ids, mask, pipe.settings(max_new_tokens=8, num_beams=3))
+    eos = int(free[0, ids.shape[1] + position])
+    saved = dict(pipe.generation_config)
+    pipe.generation_config["eos_token_id"] = eos
+    try:
+        ours = pipe.generate(ids, mask, pipe.settings(max_new_tokens=8, num_beams=3))
+    finally:
+        pipe.generation_config = saved
+    ref = _reference(
+        model,
+        ids,
+        mask,
+        max_new_tokens=8,
+        num_beams=3,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=pipe.pad_id,
+    )
+    np.testing.assert_array_equal(ours, ref)
+    assert (ours[:, ids.shape[1] :] == eos).any()
+
+
 def test_sampling_is_seeded_and_narrow_filters_reduce_to_greedy(gen: Any) -> None:
     pipe, _, ids, mask = gen
     greedy = pipe.generate(ids, mask, pipe.settings(max_new_tokens=8))

@@ -267,6 +267,36 @@ class TextGenerationPipeline(ONNXPipeline):
             new = 1 if self.cache else ids.shape[1]
         return ids
 
+    def _select_beams(
+        self,
+        flat: np.ndarray,
+        ids: np.ndarray,
+        beam_scores: np.ndarray,
+        done: list[list[tuple[float, np.ndarray]]],
+        generated: int,
+    ) -> tuple[list[int], list[int]]:
+        """Per prompt, the best ``beams`` continuations of the 2*beams candidates; those ending in EOS are
+        finished hypotheses (scored by their generated length) and do not continue."""
+        batch, beams = beam_scores.shape
+        vocab = flat.shape[1] // beams
+        rows: list[int] = []
+        tokens: list[int] = []
+        for b in range(batch):
+            chosen = 0
+            for idx in np.argsort(-flat[b], kind="stable")[: 2 * beams]:
+                beam, token = divmod(int(idx), vocab)
+                row, score = b * beams + beam, float(flat[b, idx])
+                if token in self.eos_ids:
+                    done[b].append((score / generated, np.append(ids[row], token)))
+                    continue
+                rows.append(row)
+                tokens.append(token)
+                beam_scores[b, chosen] = score
+                chosen += 1
+                if chosen == beams:
+                    break
+        return rows, tokens
+
     def _beam_search(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, s: GenerationSettings
     ) -> np.ndarray:
@@ -284,22 +314,7 @@ class TextGenerationPipeline(ONNXPipeline):
             logp = _log_softmax(process_scores(scores, ids, s)) + beam_scores.reshape(-1, 1)
             vocab = logp.shape[-1]
             flat = logp.reshape(batch, beams * vocab)
-            top = np.argsort(-flat, axis=-1, kind="stable")[:, : 2 * beams]
-            rows, tokens = [], []
-            for b in range(batch):
-                chosen = 0
-                for idx in top[b]:
-                    beam, token = divmod(int(idx), vocab)
-                    score = float(flat[b, idx])
-                    if token in self.eos_ids:
-                        done[b].append((score / (length + step + 1 - length), ids[b * beams + beam]))
-                        continue
-                    rows.append(b * beams + beam)
-                    tokens.append(token)
-                    beam_scores[b, chosen] = score
-                    chosen += 1
-                    if chosen == beams:
-                        break
+            rows, tokens = self._select_beams(flat, ids, beam_scores, done, step + 1)
             order = np.array(rows)
             ids = np.concatenate([ids[order], np.array(tokens, np.int64)[:, None]], axis=1)
             mask = np.concatenate([mask[order], np.ones((len(ids), 1), np.int64)], axis=1)
@@ -316,7 +331,8 @@ class TextGenerationPipeline(ONNXPipeline):
                 done[b].append((float(beam_scores[b, k]) / (ids.shape[1] - length), ids[b * beams + k]))
         best = [max(d, key=lambda x: x[0])[1] for d in done]
         width = max(len(x) for x in best)
-        return np.stack([np.pad(x, (0, width - len(x)), constant_values=self.pad_id) for x in best])
+        # finished hypotheses repeat their EOS up to the longest, as transformers' beam search returns them
+        return np.stack([np.pad(x, (0, width - len(x)), constant_values=x[-1]) for x in best])
 
     # ------------------------------------------------------------------------------------ pipeline API
     def _text_stream(self, streamer: Callable[[str], None]) -> Callable[[np.ndarray], None]:
