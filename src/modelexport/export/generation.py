@@ -97,8 +97,8 @@ def register_cache_pytree() -> None:
 
 
 # -------------------------------------------------------------------------------------------- inputs
-def _past_names(layers: int, prefix: str, in_names: bool) -> list[str]:
-    base = "past_key_values" if in_names else prefix
+def _cache_names(layers: int, base: str) -> list[str]:
+    """Optimum's names, per layer key then value: ``past_key_values.{i}.key`` in, ``present.{i}.key`` out."""
     return [f"{base}.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
 
 
@@ -114,7 +114,7 @@ class CacheInputs(ExampleInputs):
 
     @property
     def past_names(self) -> list[str]:
-        return _past_names(self.layers, "past_key_values", True)
+        return _cache_names(self.layers, "past_key_values")
 
     def forward_kwargs(self) -> dict[str, Any]:
         from transformers.cache_utils import DynamicCache
@@ -191,12 +191,12 @@ def build_with_past_inputs(module: Any, cfg: ExportConfig) -> CacheInputs:
         tensors["attention_mask"] = torch.ones(BATCH, PAST + NEW, dtype=torch.int64)
     if "position_ids" in params:
         tensors["position_ids"] = torch.arange(PAST, PAST + NEW).expand(BATCH, NEW).contiguous()
-    past_names = _past_names(layers, "past_key_values", True)
+    past_names = _cache_names(layers, "past_key_values")
     tensors.update({n: t.detach().clone() for n, t in zip(past_names, flat, strict=True)})
     specs = _specs(tensors, past_names, vocab)
     order = [n for p in params for n in (past_names if p == CACHE_ARG else [p]) if n in tensors]
     specs.sort(key=lambda s: order.index(s.name))  # graph inputs follow the flattened forward() arguments
-    outputs = ("logits", *_past_names(layers, "present", False))
+    outputs = ("logits", *_cache_names(layers, "present"))
     return CacheInputs(tuple(specs), tensors, outputs, layers=layers, cache_layout=_layout(cache))
 
 
