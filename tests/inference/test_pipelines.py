@@ -40,6 +40,8 @@ CASES: dict[str, tuple[str, Any, dict[str, Any]]] = {
     "image-classification": ("image_cls", lambda: ([_image(), _image(40, 20)],), {}),
     "audio-classification": ("audio_cls", lambda: ([RNG.randn(6000).astype(np.float32)],), {"top_k": 2}),
     "object-detection": ("object_det", lambda: ([_image(48, 80), _image(30, 30)],), {"threshold": 0.0}),
+    # a plain export (no cache): the whole sequence runs each step; with a cache see tests/generation
+    "text-generation": ("causal_lm", lambda: (TEXTS[:2],), {"max_new_tokens": 6, "do_sample": False}),
 }
 
 

@@ -42,6 +42,12 @@ TASK_MODELS: dict[str, tuple[str, str, dict[str, Any], str]] = {
         "text",
     ),
     "qa": ("bert", "AutoModelForQuestionAnswering", dict(_TEXT), "text"),
+    "causal_lm": (
+        "llama",
+        "AutoModelForCausalLM",
+        dict(_TEXT, num_key_value_heads=1, pad_token_id=0, bos_token_id=2, eos_token_id=3),
+        "text",
+    ),
     "image_cls": (
         "vit",
         "AutoModelForImageClassification",

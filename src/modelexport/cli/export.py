@@ -90,7 +90,12 @@ def _summary(result: Any) -> str:
 @click.option(
     "--keep-dropout", is_flag=True, help="Export Dropout active (Monte-Carlo dropout); skips parity."
 )
-@click.option("--task", default=None, help="Pipeline task to embed (default: detected from the model).")
+@click.option(
+    "--task",
+    default=None,
+    help="Pipeline task to embed (default: detected from the model); text-generation-with-past exports a"
+    " decoder that takes and returns its key/value cache.",
+)
 @click.option("--no-embed-metadata", is_flag=True, help="Do not embed config/processor/task metadata.")
 @click.option(
     "--quantize",

@@ -174,6 +174,69 @@ def _jsonable(value: Any) -> Any:
     return value.item() if hasattr(value, "item") else value
 
 
+# ---------------------------------------------------------------------------------- text generation
+_GENERATION_OPTIONS = (
+    click.option(
+        "--max-new-tokens", type=click.IntRange(min=1), default=None, help="Text generation: tokens to add."
+    ),
+    click.option(
+        "--do-sample", is_flag=True, default=None, help="Text generation: sample instead of greedy."
+    ),
+    click.option(
+        "--temperature",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="Sampling temperature.",
+    ),
+    click.option(
+        "--top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="Nucleus sampling mass."
+    ),
+    click.option(
+        "--repetition-penalty",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="Penalty for repeats.",
+    ),
+    click.option(
+        "--num-beams", type=click.IntRange(min=1), default=None, help="Text generation: beam search width."
+    ),
+    click.option("--seed", type=int, default=None, help="Text generation: random seed for sampling."),
+)
+
+
+#: The keyword names click gives the generation options (split from the batch options in infer_cmd).
+GENERATION_KEYS = (
+    "max_new_tokens",
+    "do_sample",
+    "temperature",
+    "top_p",
+    "repetition_penalty",
+    "num_beams",
+    "seed",
+)
+
+
+def _generation_options(fn: Any) -> Any:
+    for option in reversed(_GENERATION_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def _check_generation_options(
+    pipe: Any, given: dict[str, Any], *, streaming: bool, kwargs: dict[str, Any]
+) -> None:
+    """Generation options only for text generation; one prompt on a terminal streams its tokens."""
+    used = sorted(k for k, v in given.items() if v is not None)
+    if pipe.task != "text-generation":
+        if used:
+            raise ConfigError(
+                f"--{used[0].replace('_', '-')} is for text generation; this model's task is {pipe.task}"
+            )
+        return
+    if streaming:
+        kwargs["streamer"] = lambda text: click.echo(text, nl=False, err=True)
+
+
 @click.command("infer")
 @click.argument("model", type=click.Path(exists=True))
 @click.option("--text", "texts", multiple=True, help="Input text (repeatable); the context with --question.")
@@ -205,9 +268,15 @@ def _jsonable(value: Any) -> Any:
     default=None,
     help="Inputs per ONNX Runtime run (padded per batch); default 1, with --data 32.",
 )
-@click.option("--top-k", type=int, default=None, help="Labels per input for classification tasks.")
+@click.option(
+    "--top-k",
+    type=int,
+    default=None,
+    help="Labels per input for classification tasks; for text generation, sample from the k best tokens.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print predictions and timing as JSON.")
 @_batch_options
+@_generation_options
 def infer_cmd(
     model: str,
     texts: tuple[str, ...],
@@ -219,7 +288,7 @@ def infer_cmd(
     batch_size: int | None,
     top_k: int | None,
     as_json: bool,
-    **batch: Any,
+    **options: Any,
 ) -> int:
     """Run MODEL (a .onnx file or an export folder) on the inputs with the auto-detected pipeline.
 
@@ -227,6 +296,8 @@ def infer_cmd(
     """
     from ..inference import pipeline
 
+    generation = {k: options.pop(k) for k in GENERATION_KEYS}
+    batch = options
     _batch_only(batch, bool(texts or images or audio or question))
     if batch["data"] is not None:
         return _run_batch(model, task, providers, batch_size or 32, top_k, as_json, batch)
@@ -235,13 +306,17 @@ def infer_cmd(
     kwargs: dict[str, Any] = {}
     if top_k is not None:
         kwargs["top_k"] = top_k
+    kwargs.update({k: v for k, v in generation.items() if v is not None})
     start = time.perf_counter()
     pipe = pipeline(task, model, providers=providers, batch_size=batch_size)
     load_ms = (time.perf_counter() - start) * 1000
     _check_modality(pipe, kind)
+    _check_generation_options(pipe, generation, streaming=not as_json and len(items) == 1, kwargs=kwargs)
     start = time.perf_counter()
     predictions = pipe(items, **kwargs)
     run_ms = (time.perf_counter() - start) * 1000
+    if "streamer" in kwargs:
+        click.echo("", err=True)  # end the streamed line
     info = pipe.describe()
     if as_json:
         doc = {

@@ -24,6 +24,7 @@ from ..optimize.export_pass import quantize_package_pass
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
 from .context import ExportContext, StageLog
+from .generation import build_with_past_inputs, first_step_parity, generation_package_pass, is_with_past
 from .inputs import build_inputs
 from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for
@@ -39,6 +40,7 @@ MODEL_FILE = "model.onnx"
 #: Each decides from ``ctx.config`` whether it applies (metadata embedding, package files, quantization).
 PACKAGE_PASSES: tuple[Callable[[ExportContext], None], ...] = (
     embed_metadata_pass,
+    generation_package_pass,
     package_pass,
     quantize_package_pass,
 )
@@ -104,7 +106,7 @@ def _reference_run(ctx: ExportContext) -> None:
 
     def run() -> None:
         with torch.no_grad(), training_modes(module, ctx.config.keep_dropout):
-            holder["out"] = module(**ctx.inputs.tensors)
+            holder["out"] = module(**ctx.inputs.forward_kwargs())
 
     try:
         ctx.tree.count_calls(module, run)
@@ -122,7 +124,7 @@ def _settings(ctx: ExportContext) -> CaptureSettings:
     return CaptureSettings(
         c.exporter,
         c.opset,
-        output_names_for(ctx.reference),
+        ctx.inputs.output_names or output_names_for(ctx.reference),
         c.static_shapes,
         c.keep_batchnorm,
         c.keep_dropout,
@@ -132,7 +134,7 @@ def _settings(ctx: ExportContext) -> CaptureSettings:
 def _dump_graphs(ctx: ExportContext) -> None:
     import torch
 
-    module, kwargs = ctx.loaded.module, dict(ctx.inputs.tensors)
+    module, kwargs = ctx.loaded.module, ctx.inputs.forward_kwargs()
     if ctx.config.fx_graph:
         with training_modes(module, ctx.config.keep_dropout):
             program = torch.export.export(module, (), kwargs=kwargs, strict=False)
@@ -176,7 +178,12 @@ def _verify(
     with ctx.stages.stage("parity") as st:
         report = check_parity(model, ctx.inputs.as_numpy(), ctx.reference, ctx.config.atol)
         st["detail"] = f"max abs diff {report.worst:.3g} <= {ctx.config.atol}"
-    return identical, report.to_dict()
+    parity = report.to_dict()
+    if is_with_past(ctx.config):
+        with ctx.stages.stage("parity_first_step", "zero-length past") as st:
+            parity["first_step"] = first_step_parity(ctx, model)
+            st["detail"] = f"max abs diff {max(parity['first_step']['max_abs_diff'].values()):.3g}"
+    return identical, parity
 
 
 def _write_model(proto: Any, path: Path) -> bytes | Path:
@@ -243,7 +250,11 @@ def _prepare(
         loaded = load_model(model)
     with stages.stage("inputs"):
         tokenizer = _load_tokenizer(loaded) if cfg.text is not None or loaded.model_dir else None
-        inputs = build_inputs(loaded.module, cfg, tokenizer)
+        inputs = (
+            build_with_past_inputs(loaded.module, cfg)
+            if is_with_past(cfg)
+            else build_inputs(loaded.module, cfg, tokenizer)
+        )
     ctx = ExportContext(cfg, loaded, inputs, None, staging, tokenizer=tokenizer, stages=stages)
     with stages.stage("reference_run", "PyTorch outputs and module call counts"):
         ctx.tree = ModuleTree(loaded.module, TagRules(cfg.torch_nn_exceptions, cfg.include_torch_nn))

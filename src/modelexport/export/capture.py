@@ -92,13 +92,8 @@ def training_modes(model: Any, keep_dropout: bool) -> Iterator[None]:
 def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     import torch
 
-    kwargs = dict(inputs.tensors)
-    dynamic = None
-    if not s.static_shapes:
-        # names, not Dim.DYNAMIC: torch.onnx makes them Dim.DYNAMIC and renames the graph's symbols (s18, s41)
-        # to them afterwards, so inputs read batch_size / sequence_length as Optimum writes them
-        axes = inputs.dynamic_axes(False) or {}
-        dynamic = {name: {int(a): str(n) for a, n in axes.get(name, {}).items()} for name in inputs.tensors}
+    kwargs = inputs.forward_kwargs()
+    dynamic = None if s.static_shapes else inputs.dynamo_shapes()
     program = torch.onnx.export(
         model,
         (),

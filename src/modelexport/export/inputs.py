@@ -106,6 +106,8 @@ class ExampleInputs:
 
     specs: tuple[InputSpec, ...]
     tensors: dict[str, Any]  # name -> torch.Tensor
+    #: Names for the graph outputs; None: named after the reference outputs.
+    output_names: tuple[str, ...] | None = None
 
     @property
     def names(self) -> list[str]:
@@ -116,6 +118,19 @@ class ExampleInputs:
             return None
         axes = {s.name: dict(s.dynamic_axes) for s in self.specs if s.dynamic_axes}
         return axes or None
+
+    def forward_kwargs(self) -> dict[str, Any]:
+        """What forward() is called with (subclasses pack tensors into objects, e.g. a cache)."""
+        return dict(self.tensors)
+
+    def dynamo_shapes(self) -> dict[str, Any]:
+        """``dynamic_shapes`` for ``torch.export``, keyed like :meth:`forward_kwargs`.
+
+        Axis names, not ``Dim.DYNAMIC``: torch.onnx makes them dynamic and renames the graph's symbols
+        (``s18``, ``s41``) to them, so the graph reads ``batch_size`` / ``sequence_length`` as Optimum writes.
+        """
+        axes = self.dynamic_axes(False) or {}
+        return {name: {int(a): str(n) for a, n in axes.get(name, {}).items()} for name in self.tensors}
 
     def as_numpy(self) -> dict[str, Any]:
         return {k: v.detach().cpu().numpy() for k, v in self.tensors.items()}

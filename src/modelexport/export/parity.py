@@ -16,6 +16,7 @@ __all__ = ["ParityReport", "flatten_outputs", "output_names_for", "check_parity"
 def flatten_outputs(out: Any) -> list[tuple[str, Any]]:
     """(name, tensor) pairs in the order torch.onnx flattens them; ModelOutput keys become names."""
     import torch
+    import torch.utils._pytree as pytree
 
     flat: list[tuple[str, Any]] = []
 
@@ -28,6 +29,8 @@ def flatten_outputs(out: Any) -> list[tuple[str, Any]]:
         elif isinstance(obj, (list, tuple)):
             for i, v in enumerate(obj):
                 walk(v, f"{name}.{i}" if name else f"output_{i}")
+        elif type(obj) in pytree.SUPPORTED_NODES:  # e.g. a cache object, flattened as torch.onnx does
+            walk(list(pytree.SUPPORTED_NODES[type(obj)].flatten_fn(obj)[0]), name)
 
     walk(out, "")
     if len(flat) == 1 and flat[0][0] == "":

@@ -98,7 +98,7 @@ def write_package_files(ctx: Any) -> list[str]:
         doc = {
             "metadata": ctx.extra["metadata"],
             "stats": ctx.extra.get("metadata_stats"),
-            "files": sorted(written),
+            "files": sorted({*written, *ctx.extra.get("package_files", ())}),  # + files earlier passes wrote
         }
         write_json(ctx.staging_dir / EXPORT_METADATA_FILE, doc)
         written.append(EXPORT_METADATA_FILE)

@@ -34,6 +34,7 @@ __all__ = [
     "KEY_OUTPUTS",
     "KEY_QUANTIZATION",
     "KEY_TEST_TIME_POLICY",
+    "KEY_GENERATION",
     "KEY_ENCODING",
     "KEY_CHECKSUM",
     "VALUE_CHECKS",
@@ -60,6 +61,8 @@ KEY_INPUTS = "modelexport.inputs"
 KEY_OUTPUTS = "modelexport.outputs"
 KEY_QUANTIZATION = "modelexport.quantization"
 KEY_TEST_TIME_POLICY = "modelexport.test_time_policy"
+#: Generation graphs (``*-with-past``): cache layout and names, generation config (export/generation.py).
+KEY_GENERATION = "modelexport.generation"
 KEY_ENCODING = "modelexport.metadata_encoding"
 KEY_CHECKSUM = "modelexport.metadata_checksum"
 _RESERVED = (KEY_ENCODING, KEY_CHECKSUM)

@@ -89,7 +89,12 @@ for _spec in (
     TaskSpec(
         "text2text-generation", ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",), "ORTModelForSeq2SeqLM"
     ),
-    TaskSpec("text-generation", ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",), "ORTModelForCausalLM"),
+    TaskSpec(
+        "text-generation",
+        ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",),
+        "ORTModelForCausalLM",
+        ("text-generation-with-past",),
+    ),
     TaskSpec("fill-mask", ("MODEL_FOR_MASKED_LM_MAPPING_NAMES",), "ORTModelForMaskedLM"),
     TaskSpec("feature-extraction", ("MODEL_MAPPING_NAMES",), "ORTModelForFeatureExtraction", ("default",)),
 ):

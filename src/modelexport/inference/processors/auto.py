@@ -82,7 +82,11 @@ def _has_text(s: ProcessorSources) -> bool:
 
 
 def _has_image(s: ProcessorSources) -> bool:
-    return any(len(i.shape) == 4 and i.dtype.startswith("float") for i in s.inputs)
+    """A 4-D float input that is not a key/value cache (``past_key_values.*`` of generation graphs)."""
+    return any(
+        len(i.shape) == 4 and i.dtype.startswith("float") and not i.name.startswith("past_key_values.")
+        for i in s.inputs
+    )
 
 
 def _has_audio(s: ProcessorSources) -> bool:

@@ -1,0 +1,268 @@
+"""Generation export: a decoder graph that takes and returns its key/value cache (``*-with-past`` tasks).
+
+The transformers cache object (``DynamicCache``) is an ordinary forward() argument; torch's pytree
+registration flattens it into named graph inputs and outputs, so no model code is patched. The
+example inputs are a *cached step*: the past comes from a real prefill run of the model, which also
+tells the cache layout (layers, key/value heads, head dim, dtype) without reading any config field.
+Names follow Optimum's (``past_key_values.{i}.key`` in, ``present.{i}.key`` out), interleaved per
+layer as Optimum zips them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError, ExportError
+from ..metadata.schema import KEY_GENERATION
+from ..metadata.store import update_metadata
+from .config import ExportConfig, InputSpec
+from .inputs import ExampleInputs, forward_parameters
+from .parity import check_parity, flatten_outputs
+
+__all__ = [
+    "WITH_PAST_SUFFIX",
+    "GENERATION_CONFIG_FILE",
+    "CacheInputs",
+    "is_with_past",
+    "build_with_past_inputs",
+    "register_cache_pytree",
+    "first_step_parity",
+    "generation_package_pass",
+]
+
+log = logging.getLogger(__name__)
+
+WITH_PAST_SUFFIX = "-with-past"
+GENERATION_CONFIG_FILE = "generation_config.json"
+CACHE_ARG = "past_key_values"
+#: Example cached step: batch, new tokens, past tokens (all > 1 so no axis is specialised).
+BATCH, NEW, PAST = 2, 3, 5
+
+
+def is_with_past(cfg: ExportConfig) -> bool:
+    """Whether the export asks for a graph with a key/value cache."""
+    return bool(cfg.task) and str(cfg.task).strip().lower().endswith(WITH_PAST_SUFFIX)
+
+
+# ------------------------------------------------------------------------------------------- pytree
+def _flatten(cache: Any) -> tuple[list[Any], Any]:
+    return [t for layer in cache.layers for t in (layer.keys, layer.values)], len(cache.layers)
+
+
+def _flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], Any]:
+    import torch.utils._pytree as pytree
+
+    leaves, context = _flatten(cache)
+    return [(pytree.SequenceKey(i), t) for i, t in enumerate(leaves)], context
+
+
+def _unflatten(values: Any, context: Any) -> Any:
+    """Rebuild the cache with its layers already initialised (no empty-tensor constants in the graph)."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    values = list(values)
+    cache = DynamicCache()
+    for i in range(int(context)):
+        layer = DynamicLayer()
+        layer.keys, layer.values = values[2 * i], values[2 * i + 1]
+        layer.dtype, layer.device = layer.keys.dtype, layer.keys.device
+        layer.is_initialized = True
+        cache.layers.append(layer)
+    return cache
+
+
+def register_cache_pytree() -> None:
+    """Register ``DynamicCache`` with torch's pytree as per-layer (key, value) leaves; idempotent.
+
+    transformers' own registration (executorch integration) rebuilds layers through ``update()``,
+    which puts empty-tensor constants into the graph that the ONNX exporter rejects, so ours replaces it.
+    """
+    import torch.utils._pytree as pytree
+    from transformers.cache_utils import DynamicCache
+
+    current = pytree.SUPPORTED_NODES.get(DynamicCache)
+    if current is not None and current.unflatten_fn is _unflatten:
+        return
+    if current is not None:
+        pytree._deregister_pytree_node(DynamicCache)
+    pytree.register_pytree_node(
+        DynamicCache,
+        _flatten,
+        _unflatten,
+        serialized_type_name=f"{DynamicCache.__module__}.{DynamicCache.__name__}",
+        flatten_with_keys_fn=_flatten_with_keys,
+    )
+
+
+# -------------------------------------------------------------------------------------------- inputs
+def _cache_names(layers: int, base: str) -> list[str]:
+    """Optimum's names, per layer key then value: ``past_key_values.{i}.key`` in, ``present.{i}.key`` out."""
+    return [f"{base}.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+
+
+@dataclass
+class CacheInputs(ExampleInputs):
+    """Example inputs of a cached step; ``tensors`` holds the flat tensors under their graph names.
+
+    forward() gets the past as a fresh cache object on every call (a forward pass grows it in place).
+    """
+
+    layers: int = 0
+    cache_layout: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def past_names(self) -> list[str]:
+        return _cache_names(self.layers, "past_key_values")
+
+    def forward_kwargs(self) -> dict[str, Any]:
+        from transformers.cache_utils import DynamicCache
+
+        past_names = set(self.past_names)
+        past = [self.tensors[n] for n in self.past_names]
+        kwargs: dict[str, Any] = {}
+        for name in self.names:  # the specs' order: graph inputs follow the order forward() gets them in
+            if name not in past_names:
+                kwargs[name] = self.tensors[name]
+            elif CACHE_ARG not in kwargs:
+                kwargs[CACHE_ARG] = _unflatten(past, self.layers) if past else DynamicCache()
+        kwargs["use_cache"] = True
+        return kwargs
+
+    def dynamo_shapes(self) -> dict[str, Any]:
+        shapes = super().dynamo_shapes()
+        past = [shapes[n] for n in self.past_names]
+        return {k: past if k == CACHE_ARG else shapes.get(k) for k in self.forward_kwargs()}
+
+
+def _prefill(module: Any, ids: Any) -> Any:
+    import torch
+
+    with torch.no_grad():
+        out = module(input_ids=ids, use_cache=True)
+    cache = getattr(out, "past_key_values", None)
+    layers = getattr(cache, "layers", None)
+    if not layers or any(getattr(layer, "keys", None) is None for layer in layers):
+        raise ExportError(
+            f"{type(module).__name__} returned no key/value cache ({type(cache).__name__})",
+            hint="with-past export needs a model whose forward(use_cache=True) returns a DynamicCache",
+        )
+    return cache
+
+
+def _layout(cache: Any) -> dict[str, Any]:
+    keys = [layer.keys for layer in cache.layers]
+    first = keys[0]
+    return {
+        "layers": len(keys),
+        "num_key_value_heads": int(first.shape[1]),
+        "head_dim": int(first.shape[-1]),
+        "value_head_dim": int(cache.layers[0].values.shape[-1]),
+        "dtype": str(first.dtype).replace("torch.", ""),
+        "shape": ["batch_size", "num_key_value_heads", "past_sequence_length", "head_dim"],
+    }
+
+
+def build_with_past_inputs(module: Any, cfg: ExportConfig) -> CacheInputs:
+    """A cached step: ``NEW`` tokens after ``PAST`` tokens whose cache comes from a real prefill."""
+    import torch
+
+    if cfg.exporter != "dynamo":
+        raise ConfigError(
+            f"task {cfg.task} needs the dynamo exporter (the cache is a pytree), not {cfg.exporter}"
+        )
+    if cfg.input_specs or cfg.static_shapes:
+        raise ConfigError(f"task {cfg.task} builds its own inputs and needs dynamic shapes")
+    params = [p.name for p in forward_parameters(module)]
+    if CACHE_ARG not in params or "input_ids" not in params:
+        raise ConfigError(
+            f"{type(module).__name__}.forward() takes no input_ids/{CACHE_ARG}; cannot export {cfg.task}"
+        )
+    register_cache_pytree()
+    vocab = int(getattr(getattr(module, "config", None), "vocab_size", None) or 100)
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (BATCH, PAST + NEW), generator=gen)
+    cache = _prefill(module, prompt[:, :PAST])
+    layers = len(cache.layers)
+    flat, _ = _flatten(cache)
+    tensors: dict[str, Any] = {"input_ids": prompt[:, PAST:]}
+    if "attention_mask" in params:
+        tensors["attention_mask"] = torch.ones(BATCH, PAST + NEW, dtype=torch.int64)
+    if "position_ids" in params:
+        tensors["position_ids"] = torch.arange(PAST, PAST + NEW).expand(BATCH, NEW).contiguous()
+    past_names = _cache_names(layers, "past_key_values")
+    tensors.update({n: t.detach().clone() for n, t in zip(past_names, flat, strict=True)})
+    specs = _specs(tensors, past_names, vocab)
+    order = [n for p in params for n in (past_names if p == CACHE_ARG else [p]) if n in tensors]
+    specs.sort(key=lambda s: order.index(s.name))  # graph inputs follow the flattened forward() arguments
+    outputs = ("logits", *_cache_names(layers, "present"))
+    return CacheInputs(tuple(specs), tensors, outputs, layers=layers, cache_layout=_layout(cache))
+
+
+def _specs(tensors: dict[str, Any], past_names: list[str], vocab: int) -> list[InputSpec]:
+    text = {0: "batch_size", 1: "sequence_length"}
+    axes: dict[str, tuple[dict[int, str], tuple[float, float] | None]] = {
+        "input_ids": (text, (0, vocab)),
+        "attention_mask": ({0: "batch_size", 1: "past_sequence_length + sequence_length"}, (1, 2)),
+        "position_ids": (text, None),
+        **{n: ({0: "batch_size", 2: "past_sequence_length"}, None) for n in past_names},
+    }
+    return [
+        InputSpec(n, tuple(t.shape), str(t.dtype).replace("torch.", ""), axes[n][0], axes[n][1])
+        for n, t in tensors.items()
+    ]
+
+
+# ------------------------------------------------------------------------------------------- checks
+def first_step_parity(ctx: Any, model: bytes | Any) -> dict[str, Any]:
+    """Parity of the first step (an empty, zero-length past) against PyTorch's prefill."""
+    import torch
+
+    inputs: CacheInputs = ctx.inputs
+    ids = inputs.tensors["input_ids"]
+    b, s = ids.shape
+    layout = inputs.cache_layout
+    feeds: dict[str, Any] = {"input_ids": ids}
+    if "attention_mask" in inputs.tensors:
+        feeds["attention_mask"] = torch.ones(b, s, dtype=torch.int64)
+    if "position_ids" in inputs.tensors:
+        feeds["position_ids"] = torch.arange(s).expand(b, s).contiguous()
+    with torch.no_grad():
+        reference = flatten_outputs(ctx.loaded.module(**feeds, use_cache=True))
+    dtype = getattr(torch, layout["dtype"])
+    for name in inputs.past_names:
+        dim = layout["head_dim"] if name.endswith(".key") else layout["value_head_dim"]
+        feeds[name] = torch.zeros(b, layout["num_key_value_heads"], 0, dim, dtype=dtype)
+    numpy_feeds = {k: v.numpy() for k, v in feeds.items()}
+    return check_parity(model, numpy_feeds, reference, ctx.config.atol).to_dict()
+
+
+# ------------------------------------------------------------------------------------------ package
+def generation_package_pass(ctx: Any) -> None:
+    """generation_config.json beside the model, and the cache layout in the embedded metadata."""
+    if not isinstance(ctx.inputs, CacheInputs):
+        return
+    with ctx.stages.stage("generation", "cache layout, generation_config.json") as st:
+        gen_config = getattr(ctx.loaded.module, "generation_config", None)
+        record: dict[str, Any] = {
+            "task": str(ctx.config.task),
+            "cache": ctx.inputs.cache_layout,
+            "cache_inputs": ctx.inputs.past_names,
+            "cache_outputs": list(ctx.inputs.output_names or ())[1:],
+            "position_ids": "position_ids" in ctx.inputs.tensors,
+        }
+        if gen_config is not None:
+            gen_config.to_json_file(str(ctx.staging_dir / GENERATION_CONFIG_FILE), use_diff=True)
+            ctx.files["generation_config"] = GENERATION_CONFIG_FILE
+            ctx.extra.setdefault("package_files", []).append(GENERATION_CONFIG_FILE)  # listed in the manifest
+            record["generation_config"] = gen_config.to_diff_dict()
+        ctx.extra["generation"] = record
+        if ctx.config.embed_metadata:
+            update_metadata(ctx.model_proto, {KEY_GENERATION: record})
+            ctx.extra.setdefault("metadata", {})[KEY_GENERATION] = record
+        layout = record["cache"]
+        st["detail"] = (
+            f"{layout['layers']} layers x {layout['num_key_value_heads']} kv heads x {layout['head_dim']}"
+            f" ({layout['dtype']})"
+        )

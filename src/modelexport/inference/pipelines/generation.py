@@ -1,0 +1,370 @@
+"""Text generation on ONNX Runtime: greedy, sampling (temperature, top-k, top-p), beam search, repetition
+penalty, stop on EOS or length; prompts batched with left padding.
+
+With a ``*-with-past`` graph the key/value cache stays in ONNX Runtime's memory: each step binds the
+previous step's ``present.*`` OrtValues as the next ``past_key_values.*`` through IO binding, and only
+the logits come back to numpy. A graph without a cache is run on the whole sequence at every step.
+The decoding rules follow transformers' ``generate`` (same processor order, same padding of finished rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..._numeric import softmax
+from ...errors import ConfigError, InferenceError
+from ...metadata.schema import KEY_GENERATION
+from .base import ONNXPipeline, register_pipeline
+
+__all__ = ["GenerationSettings", "TextGenerationPipeline", "process_scores"]
+
+_CUDA = "CUDAExecutionProvider"
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How to pick the next tokens; ranges are checked before any work starts."""
+
+    max_new_tokens: int = 20
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    num_beams: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ConfigError(f"top_k must be >= 1, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise ConfigError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.num_beams < 1:
+            raise ConfigError(f"num_beams must be >= 1, got {self.num_beams}")
+        if self.num_beams > 1 and self.do_sample:
+            raise ConfigError("beam search with sampling is not supported; use num_beams=1 with do_sample")
+
+
+def process_scores(scores: np.ndarray, sequences: np.ndarray, s: GenerationSettings) -> np.ndarray:
+    """transformers' order: repetition penalty, then (sampling only) temperature, top-k, top-p."""
+    scores = scores.astype(np.float32, copy=True)
+    if s.repetition_penalty != 1.0:
+        rows = np.arange(len(scores))[:, None]
+        seen = scores[rows, sequences]
+        scores[rows, sequences] = np.where(seen < 0, seen * s.repetition_penalty, seen / s.repetition_penalty)
+    if not s.do_sample:
+        return scores
+    scores /= s.temperature
+    if s.top_k is not None and s.top_k < scores.shape[-1]:
+        kth = np.partition(scores, -s.top_k, axis=-1)[:, -s.top_k][:, None]
+        scores[scores < kth] = -np.inf
+    if s.top_p < 1.0:
+        order = np.argsort(scores, axis=-1, kind="stable")  # ascending, as transformers
+        sorted_scores = np.take_along_axis(scores, order, axis=-1)
+        cumulative = np.cumsum(softmax(sorted_scores), axis=-1)
+        remove = cumulative <= 1 - s.top_p
+        remove[:, -1] = False  # keep at least one token
+        np.put_along_axis(scores, order, np.where(remove, -np.inf, sorted_scores), axis=-1)
+    return scores
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+class _Cache:
+    """The graph's cache inputs/outputs and the OrtValues carried between steps."""
+
+    def __init__(self, session: Any, record: dict[str, Any]) -> None:
+        import onnxruntime as ort
+
+        self.ort = ort
+        inputs = {i.name: i for i in session.get_inputs()}
+        self.in_names = list(
+            record.get("cache_inputs") or [n for n in inputs if n.startswith("past_key_values.")]
+        )
+        outputs = [o.name for o in session.get_outputs()]
+        self.out_names = list(record.get("cache_outputs") or [n for n in outputs if n.startswith("present.")])
+        self.logits_name = outputs[0]
+        layout = record.get("cache") or {}
+        self.heads = layout.get("num_key_value_heads") or self._dim(inputs, 1)
+        self.key_dim = layout.get("head_dim") or self._dim(inputs, 3)
+        self.value_dim = layout.get("value_head_dim") or self.key_dim
+        self.dtype = np.dtype(layout.get("dtype", "float32"))
+        providers = session.get_providers()
+        self.device = "cuda" if providers and providers[0] == _CUDA else "cpu"
+
+    def _dim(self, inputs: dict[str, Any], axis: int) -> int:
+        value = inputs[self.in_names[0]].shape[axis]
+        if not isinstance(value, int):
+            raise InferenceError(f"cache input {self.in_names[0]!r} has no fixed size on axis {axis}")
+        return value
+
+    def empty(self, batch: int) -> list[Any]:
+        """Zero-length past for the first step."""
+        return [
+            self.ort.OrtValue.ortvalue_from_numpy(
+                np.zeros(
+                    (batch, self.heads, 0, self.key_dim if n.endswith(".key") else self.value_dim), self.dtype
+                )
+            )
+            for n in self.in_names
+        ]
+
+
+@register_pipeline("text-generation")
+class TextGenerationPipeline(ONNXPipeline):
+    """``[{"generated_text": prompt + continuation}]`` per prompt, like transformers' text-generation pipeline."""
+
+    processor_kinds = ("tokenizer",)
+
+    def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
+        super().__init__(session, processor, **kwargs)
+        self.record: dict[str, Any] = dict(self.metadata.get(KEY_GENERATION) or {})
+        self.generation_config = self._generation_config()
+        names = [i.name for i in session.get_inputs()]
+        self.cache = (
+            _Cache(session, self.record) if any(n.startswith("past_key_values.") for n in names) else None
+        )
+        self.input_names = names
+
+    # ------------------------------------------------------------------------------------------ config
+    def _generation_config(self) -> dict[str, Any]:
+        """generation_config.json beside the model, else the embedded copy, else the model config's ids."""
+        folder = Path(self.model_path).parent if self.model_path else None
+        if folder is not None and (folder / "generation_config.json").is_file():
+            from transformers import GenerationConfig
+
+            return GenerationConfig.from_pretrained(str(folder)).to_dict()
+        if self.record.get("generation_config"):
+            return dict(self.record["generation_config"])
+        return {k: self.model_config.get(k) for k in ("eos_token_id", "pad_token_id", "bos_token_id")}
+
+    def settings(self, **kwargs: Any) -> GenerationSettings:
+        """The call's options over the generation config's defaults."""
+        g = self.generation_config
+        base = GenerationSettings(
+            max_new_tokens=int(g.get("max_new_tokens") or 20),
+            do_sample=bool(g.get("do_sample") or False),
+            temperature=float(g.get("temperature") or 1.0),
+            top_k=int(g.get("top_k", 50)) or None,  # transformers' default: 50 best tokens when sampling
+            top_p=float(g.get("top_p") or 1.0),
+            repetition_penalty=float(g.get("repetition_penalty") or 1.0),
+            num_beams=int(g.get("num_beams") or 1),
+        )
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        unknown = set(given) - set(GenerationSettings.__dataclass_fields__)
+        if unknown:
+            raise ConfigError(f"unknown generation options {sorted(unknown)}")
+        return replace(base, **given)
+
+    @property
+    def eos_ids(self) -> set[int]:
+        eos = self.generation_config.get("eos_token_id")
+        return set() if eos is None else {int(e) for e in (eos if isinstance(eos, list) else [eos])}
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.generation_config.get("pad_token_id")
+        if pad is None:
+            pad = getattr(self.processor.tokenizer, "pad_token_id", None)
+        if pad is None:
+            pad = min(self.eos_ids, default=0)
+        return int(pad)
+
+    # --------------------------------------------------------------------------------------- encoding
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Left-padded ids and attention mask."""
+        tok = self.processor.tokenizer
+        side, pad = tok.padding_side, tok.pad_token
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token or tok.unk_token
+        try:
+            enc = tok(texts, padding=True, return_tensors="np")
+        finally:
+            tok.padding_side, tok.pad_token = side, pad
+        return enc["input_ids"].astype(np.int64), enc["attention_mask"].astype(np.int64)
+
+    # ---------------------------------------------------------------------------------------- running
+    def _step_feeds(self, ids: np.ndarray, mask: np.ndarray, new: int) -> dict[str, np.ndarray]:
+        feeds = {"input_ids": np.ascontiguousarray(ids[:, -new:])}
+        if "attention_mask" in self.input_names:
+            feeds["attention_mask"] = mask
+        if "position_ids" in self.input_names:
+            pos = np.cumsum(mask, axis=-1) - 1
+            pos[mask == 0] = 1
+            feeds["position_ids"] = np.ascontiguousarray(pos[:, -new:])
+        return feeds
+
+    def _run(self, feeds: dict[str, np.ndarray], past: list[Any] | None) -> tuple[np.ndarray, list[Any]]:
+        """One forward pass; returns the last position's logits and the new cache OrtValues."""
+        try:
+            if self.cache is None:
+                logits = self.session.run([self.output_names[0]], feeds)[0]
+                return logits[:, -1, :], []
+            binding = self.session.io_binding()
+            for name, value in feeds.items():
+                binding.bind_cpu_input(name, value)
+            for name, value in zip(self.cache.in_names, past or [], strict=True):
+                binding.bind_ortvalue_input(name, value)
+            binding.bind_output(self.cache.logits_name, "cpu")
+            for name in self.cache.out_names:
+                binding.bind_output(name, self.cache.device)
+            self.session.run_with_iobinding(binding)
+            outputs = binding.get_outputs()
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types; re-raised typed
+            shapes = {k: list(v.shape) for k, v in feeds.items()}
+            raise InferenceError(
+                f"ONNX Runtime failed on inputs {shapes}: {type(exc).__name__}: {exc}"
+            ) from exc
+        logits = outputs[0].numpy()
+        return logits[:, -1, :], list(outputs[1:])
+
+    def generate(
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        settings: GenerationSettings,
+        streamer: Callable[[np.ndarray], None] | None = None,
+    ) -> np.ndarray:
+        """Token ids (prompt + new tokens) for left-padded ``input_ids``; ``streamer`` gets each step's tokens."""
+        if settings.num_beams > 1:
+            return self._beam_search(input_ids, attention_mask, settings)
+        rng = np.random.default_rng(settings.seed)
+        ids, mask = input_ids.astype(np.int64), attention_mask.astype(np.int64)
+        past = self.cache.empty(len(ids)) if self.cache else None
+        unfinished = np.ones(len(ids), dtype=bool)
+        new = ids.shape[1]
+        for _ in range(settings.max_new_tokens):
+            scores, past = self._run(self._step_feeds(ids, mask, new), past)
+            scores = process_scores(scores, ids, settings)
+            if settings.do_sample:
+                probs = softmax(scores)
+                tokens = np.array([rng.choice(len(p), p=p / p.sum()) for p in probs], dtype=np.int64)
+            else:
+                tokens = scores.argmax(-1).astype(np.int64)
+            tokens = np.where(unfinished, tokens, self.pad_id)
+            ids = np.concatenate([ids, tokens[:, None]], axis=1)
+            mask = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], axis=1)
+            if streamer is not None:
+                streamer(tokens)
+            unfinished &= ~np.isin(tokens, list(self.eos_ids))
+            if not unfinished.any():
+                break
+            new = 1 if self.cache else ids.shape[1]
+        return ids
+
+    def _select_beams(
+        self,
+        flat: np.ndarray,
+        ids: np.ndarray,
+        beam_scores: np.ndarray,
+        done: list[list[tuple[float, np.ndarray]]],
+        generated: int,
+    ) -> tuple[list[int], list[int]]:
+        """Per prompt, the best ``beams`` continuations of the 2*beams candidates; those ending in EOS are
+        finished hypotheses (scored by their generated length) and do not continue."""
+        batch, beams = beam_scores.shape
+        vocab = flat.shape[1] // beams
+        rows: list[int] = []
+        tokens: list[int] = []
+        for b in range(batch):
+            chosen = 0
+            for idx in np.argsort(-flat[b], kind="stable")[: 2 * beams]:
+                beam, token = divmod(int(idx), vocab)
+                row, score = b * beams + beam, float(flat[b, idx])
+                if token in self.eos_ids:
+                    done[b].append((score / generated, np.append(ids[row], token)))
+                    continue
+                rows.append(row)
+                tokens.append(token)
+                beam_scores[b, chosen] = score
+                chosen += 1
+                if chosen == beams:
+                    break
+        return rows, tokens
+
+    def _beam_search(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, s: GenerationSettings
+    ) -> np.ndarray:
+        """Beam search with transformers' length-normalised scores; the cache rows follow their beams."""
+        beams, batch, length = s.num_beams, len(input_ids), input_ids.shape[1]
+        ids = np.repeat(input_ids.astype(np.int64), beams, axis=0)
+        mask = np.repeat(attention_mask.astype(np.int64), beams, axis=0)
+        past = self.cache.empty(len(ids)) if self.cache else None
+        beam_scores = np.zeros((batch, beams), np.float32)
+        beam_scores[:, 1:] = -1e9  # the first step expands from one beam
+        done: list[list[tuple[float, np.ndarray]]] = [[] for _ in range(batch)]
+        new = length
+        for step in range(s.max_new_tokens):
+            scores, past = self._run(self._step_feeds(ids, mask, new), past)
+            logp = _log_softmax(process_scores(scores, ids, s)) + beam_scores.reshape(-1, 1)
+            vocab = logp.shape[-1]
+            flat = logp.reshape(batch, beams * vocab)
+            rows, tokens = self._select_beams(flat, ids, beam_scores, done, step + 1)
+            order = np.array(rows)
+            ids = np.concatenate([ids[order], np.array(tokens, np.int64)[:, None]], axis=1)
+            mask = np.concatenate([mask[order], np.ones((len(ids), 1), np.int64)], axis=1)
+            past = (
+                [self.cache.ort.OrtValue.ortvalue_from_numpy(p.numpy()[order]) for p in past]
+                if past
+                else past
+            )
+            new = 1 if self.cache else ids.shape[1]
+            if all(len(d) >= beams for d in done):
+                break
+        for b in range(batch):
+            for k in range(beams):
+                done[b].append((float(beam_scores[b, k]) / (ids.shape[1] - length), ids[b * beams + k]))
+        best = [max(d, key=lambda x: x[0])[1] for d in done]
+        width = max(len(x) for x in best)
+        # finished hypotheses repeat their EOS up to the longest, as transformers' beam search returns them
+        return np.stack([np.pad(x, (0, width - len(x)), constant_values=x[-1]) for x in best])
+
+    # ------------------------------------------------------------------------------------ pipeline API
+    def _text_stream(self, streamer: Callable[[str], None]) -> Callable[[np.ndarray], None]:
+        """Token ids -> the new text since the last call (decoding the whole continuation keeps spacing)."""
+        tok, seen, shown = self.processor.tokenizer, [], [""]
+
+        def on_tokens(tokens: np.ndarray) -> None:
+            seen.append(int(tokens[0]))
+            text = tok.decode(seen, skip_special_tokens=True)
+            if len(text) > len(shown[0]):
+                streamer(text[len(shown[0]) :])
+                shown[0] = text
+
+        return on_tokens
+
+    def run_batch(
+        self,
+        items: list[Any],
+        return_full_text: bool = True,
+        streamer: Callable[[str], None] | None = None,
+        **kwargs: Any,
+    ) -> list[Any]:
+        settings = self.settings(**kwargs)
+        texts = [str(t) for t in items]
+        ids, mask = self.encode(texts)
+        tok = self.processor.tokenizer
+        stream = self._text_stream(streamer) if streamer is not None and len(texts) == 1 else None
+        out = self.generate(ids, mask, settings, stream)
+        results = []
+        for i, text in enumerate(texts):
+            n = int(mask[i].sum())  # left padding: the prompt's tokens are the last n
+            full = tok.decode(out[i, ids.shape[1] - n :], skip_special_tokens=True)
+            completion = full[len(tok.decode(ids[i, -n:], skip_special_tokens=True)) :]
+            results.append([{"generated_text": (text + completion) if return_full_text else completion}])
+        return results

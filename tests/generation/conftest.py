@@ -1,0 +1,81 @@
+"""Tiny causal LMs (random weights, the real MiniLM tokenizer) exported with a key/value cache, once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: name -> (model_type, config kwargs); vocab and special tokens come from the tokenizer.
+CAUSAL_LM: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": (
+        "llama",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=37,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+        ),
+    ),
+    "gpt2": ("gpt2", dict(n_embd=32, n_layer=2, n_head=2, n_positions=64)),
+    "qwen2": (
+        "qwen2",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=37,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+        ),
+    ),
+    "phi3": (
+        "phi3",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=37,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+        ),
+    ),
+}
+
+
+def save_causal_lm(name: str, tokenizer_dir: Path, folder: Path) -> Path:
+    """A seeded tiny causal LM saved with the tokenizer (EOS = [SEP], pad = [PAD])."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    model_type, kwargs = CAUSAL_LM[name]
+    config = transformers.AutoConfig.for_model(
+        model_type,
+        vocab_size=len(tok),
+        eos_token_id=tok.sep_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.cls_token_id,
+        **kwargs,
+    )
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def export_causal_lm(name: str, minilm_dir: Path, root: Path, **options: Any) -> tuple[Path, Path, Any]:
+    from modelexport.export.api import export
+
+    src = save_causal_lm(name, minilm_dir, root / f"{name}_src")
+    result = export(src, root / f"{name}_onnx", task="text-generation-with-past", **options)
+    return src, root / f"{name}_onnx", result
+
+
+@pytest.fixture(scope="session")
+def llama_with_past(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Any]:
+    """(source folder, export folder, ExportResult) of the tiny Llama, topology verified."""
+    return export_causal_lm("llama", minilm_dir, tmp_path_factory.mktemp("gen"), verify_topology=True)

@@ -1,0 +1,42 @@
+"""int8 dynamic quantization and -O2 on the decoder-with-past graph keep every tag and keep generating."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from modelexport.inference import pipeline
+from modelexport.metadata.schema import KEY_GENERATION
+from modelexport.metadata.store import read_metadata
+from modelexport.optimize import OptimizeConfig, optimize_model, quantize
+
+
+def _first_logits(pipe: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    scores, _ = pipe._run(pipe._step_feeds(ids, mask, ids.shape[1]), pipe.cache.empty(len(ids)))
+    return scores
+
+
+def test_int8_and_o2_keep_tags_cache_and_generation(llama_with_past: Any, tmp_path: Path) -> None:
+    _, out, _ = llama_with_past
+    fp32 = pipeline("text-generation", model=out)
+    ids, mask = fp32.encode(["hello world", "the quick brown fox"])
+    reference = _first_logits(fp32, ids, mask)
+    greedy = fp32.generate(ids, mask, fp32.settings(max_new_tokens=6))
+
+    q = quantize(out / "model.onnx", tmp_path / "int8" / "model.onnx", mode="dynamic")
+    assert q.coverage["coverage_pct"] == 100.0 and q.nodes_after != q.nodes_before
+    o2 = optimize_model(out / "model.onnx", tmp_path / "o2" / "model.onnx", OptimizeConfig.preset("O2"))
+    assert o2.coverage["coverage_pct"] == 100.0
+    for folder in ("int8", "o2"):
+        assert read_metadata(tmp_path / folder / "model.onnx")[KEY_GENERATION]["cache"]["layers"] == 2
+        assert (tmp_path / folder / "generation_config.json").is_file()
+
+    fused = pipeline("text-generation", model=tmp_path / "o2")
+    np.testing.assert_allclose(_first_logits(fused, ids, mask), reference, atol=1e-4)
+    np.testing.assert_array_equal(fused.generate(ids, mask, fused.settings(max_new_tokens=6)), greedy)
+    int8 = pipeline("text-generation", model=tmp_path / "int8")
+    logits = _first_logits(int8, ids, mask)
+    assert np.abs(logits - reference).max() < 0.1 * np.abs(reference).max()  # int8 error, not garbage
+    assert int8.generate(ids, mask, int8.settings(max_new_tokens=6)).shape == greedy.shape
