@@ -107,8 +107,9 @@ def test_factory_must_return_a_module(tmp_path: Path) -> None:
 
 @pytest.mark.sanity
 def test_inputs_that_do_not_match_forward(tmp_path: Path) -> None:
+    two = [{"name": "pixels", "shape": [2, 6]}, {"name": "mask", "shape": [2, 6]}]
     with pytest.raises(InputSpecError, match="not parameters of forward"):
-        modelexport.export(mlp(), tmp_path / "a", input_specs=[{"name": "pixels", "shape": [2, 6]}])
+        modelexport.export(mlp(), tmp_path / "a", input_specs=two)  # forward(input) takes one
     with pytest.raises(InputSpecError, match="failed on the example inputs"):
         modelexport.export(mlp(), tmp_path / "b", input_specs=[{"name": "input", "shape": [2, 5]}])
     with pytest.raises(InputSpecError, match="dtype"):

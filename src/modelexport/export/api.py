@@ -15,6 +15,7 @@ from typing import Any
 
 from .._io import atomic_dir, onnx_weight_bytes, write_json, write_text
 from ..errors import ExportError, InputSpecError, TopologyMismatchError
+from ..hierarchy.scopes import scope_counts
 from ..hierarchy.sidecar import SIDECAR_NAME, build_sidecar
 from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
@@ -24,7 +25,8 @@ from ..optimize.export_pass import quantize_package_pass
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
 from .context import ExportContext, StageLog
-from .inputs import build_inputs
+from .experts import EXPERT_ROUTE, expert_blocks
+from .inputs import build_inputs, input_specs_hint
 from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for
 from .report import render_export_report
@@ -104,13 +106,15 @@ def _reference_run(ctx: ExportContext) -> None:
 
     def run() -> None:
         with torch.no_grad(), training_modes(module, ctx.config.keep_dropout):
-            holder["out"] = module(**ctx.inputs.tensors)
+            holder["out"] = module(**ctx.inputs.kwargs)
 
     try:
         ctx.tree.count_calls(module, run)
-    except (TypeError, RuntimeError, ValueError, IndexError) as exc:
+    except (TypeError, RuntimeError, ValueError, IndexError, AttributeError, KeyError) as exc:
         raise InputSpecError(
-            f"{type(module).__name__}.forward() failed on the example inputs: {exc}"
+            f"{type(module).__name__}.forward() failed on the example inputs "
+            f"({', '.join(f'{s.name} {list(s.shape)}' for s in ctx.inputs.specs)}): {exc}",
+            hint=input_specs_hint(module, ctx.inputs.specs),
         ) from exc
     ctx.reference = flatten_outputs(holder["out"])
     if not ctx.reference:
@@ -132,7 +136,7 @@ def _settings(ctx: ExportContext) -> CaptureSettings:
 def _dump_graphs(ctx: ExportContext) -> None:
     import torch
 
-    module, kwargs = ctx.loaded.module, dict(ctx.inputs.tensors)
+    module, kwargs = ctx.loaded.module, ctx.inputs.kwargs
     if ctx.config.fx_graph:
         with training_modes(module, ctx.config.keep_dropout):
             program = torch.export.export(module, (), kwargs=kwargs, strict=False)
@@ -141,7 +145,7 @@ def _dump_graphs(ctx: ExportContext) -> None:
     if ctx.config.jit_graph:
         with training_modes(module, ctx.config.keep_dropout), torch.no_grad():
             traced = torch.jit.trace(
-                module, example_kwarg_inputs=dict(ctx.inputs.tensors), strict=False, check_trace=False
+                module, example_kwarg_inputs=ctx.inputs.kwargs, strict=False, check_trace=False
             )
         (ctx.staging_dir / "jit_graph.txt").write_text(str(traced.inlined_graph), encoding="utf-8")
         ctx.files["jit_graph"] = "jit_graph.txt"
@@ -218,10 +222,13 @@ def export(
         settings = _settings(ctx)
         with ctx.stages.stage("export", f"{cfg.exporter}, opset {cfg.opset or 'default'}"):
             ctx.model_proto = capture(ctx.loaded.module, ctx.inputs, settings)
+        if expert_blocks(ctx.loaded.module):
+            ctx.notes.append(EXPERT_ROUTE)
         if cfg.fx_graph or cfg.jit_graph:
             with ctx.stages.stage("graph_dumps"):
                 _dump_graphs(ctx)
         with ctx.stages.stage("tagging") as st:
+            ctx.tree.reveal(scope_counts(ctx.model_proto, cfg.exporter, set(ctx.tree.modules)))
             ctx.tagging = tag_model(ctx.model_proto, ctx.tree, cfg.exporter)
             st["detail"] = (
                 f"{ctx.tagging.coverage['coverage_pct']}% of {ctx.tagging.coverage['total_nodes']} nodes"
