@@ -78,7 +78,7 @@ GRID: dict[str, tuple[str, str, dict[str, Any]]] = {
     "mistral": ("mistral", "AutoModel", _DEC),
     "qwen2": ("qwen2", "AutoModel", _DEC),
     "phi": ("phi", "AutoModel", _TEXT),
-    "phi3": ("phi3", "AutoModel", _DEC),
+    "phi3": ("phi3", "AutoModel", dict(_DEC, pad_token_id=0)),
     "gemma": ("gemma", "AutoModel", dict(_DEC, head_dim=16)),
     "falcon": ("falcon", "AutoModel", dict(_TEXT, new_decoder_architecture=False)),
     "stablelm": ("stablelm", "AutoModel", _DEC),

@@ -52,7 +52,8 @@ def _summary(result: Any) -> str:
     type=click.Path(exists=True, dir_okay=False),
     default=None,
     help='JSON file: {"inputs": [{"name": "x", "shape": [2, 1, 8, 8], "dtype": "float32"}]}, optional '
-    '"dynamic_axes" {"0": "batch"} and "range" [low, high] per input.',
+    '"dynamic_axes" {"0": "batch"} (default: axis 0 dynamic; {} for static) and "range" [low, high] per '
+    "input. Names are the ONNX input names; names that are not forward()'s parameters map onto them by position.",
 )
 @click.option(
     "--input-shape", default=None, help="Shape of the main input, e.g. 2,16 (batch,seq) or 1,3,224,224."
