@@ -101,6 +101,12 @@ def _summary(result: Any) -> str:
     help="Also write an int8 model beside model.onnx.",
 )
 @click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace model files in OUTPUT_DIR that modelexport did not write (an earlier export's own "
+    "files are always replaced; other files are kept).",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json"]),
@@ -136,6 +142,7 @@ def export_cmd(model: str, output_dir: str, **opts: Any) -> int:
         embed_metadata=not opts["no_embed_metadata"],
         task=opts["task"],
         quantize=None if opts["quantize"] == "none" else opts["quantize"],
+        overwrite=opts["overwrite"],
         **(
             {"torch_nn_exceptions": opts["torch_nn_exceptions"]}
             if opts["torch_nn_exceptions"] is not None

@@ -25,6 +25,7 @@ from ..optimize.export_pass import quantize_package_pass
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
 from .context import ExportContext, StageLog
+from .destination import PACKAGE_FILES_KEY, plan_replacement, remove_stale
 from .experts import EXPERT_ROUTE, expert_blocks
 from .inputs import build_inputs, input_specs_hint
 from .loading import LoadedModel, load_model
@@ -217,6 +218,7 @@ def export(
     """
     cfg = (config or ExportConfig()).with_changes(**options) if options else (config or ExportConfig())
     output_dir = Path(output_dir)
+    replaced = plan_replacement(output_dir, cfg.overwrite)
     with atomic_dir(output_dir) as staging:
         ctx = _prepare(model, cfg, staging, on_stage)
         settings = _settings(ctx)
@@ -239,6 +241,12 @@ def export(
             serialized = _write_model(ctx.model_proto, ctx.staging_dir / MODEL_FILE)
         identical, parity = _verify(ctx, settings, serialized)
         result = _finish(ctx, output_dir, identical, parity)
+        if replaced:
+            stale = remove_stale(output_dir, replaced, {p.name for p in staging.iterdir()})
+            result.notes.append(
+                f"replaced the earlier export's files in {output_dir}"
+                + (f"; removed those this export does not write: {', '.join(stale)}" if stale else "")
+            )
     return result
 
 
@@ -280,6 +288,10 @@ def _finish(
 ) -> ExportResult:
     cfg = ctx.config
     opset = _opset(ctx.model_proto)
+    ctx.extra["export_settings"][PACKAGE_FILES_KEY] = sorted(
+        {MODEL_FILE, SIDECAR_NAME, *ctx.files.values(), *(["export_report.md"] if cfg.with_report else [])}
+        | {p.name for p in ctx.staging_dir.iterdir() if p.name.startswith(MODEL_FILE)}
+    )
     with ctx.stages.stage("sidecar"):
         sidecar = build_sidecar(
             ctx.model_proto, ctx.tree, ctx.tagging, ctx.extra["export_settings"], ctx.loaded.info()
