@@ -41,4 +41,4 @@ def test_model_types_grid(name: str, tmp_path: Path) -> None:
 
 def test_grid_is_wide_enough() -> None:
     assert len(GRID) >= 45
-    assert set(FAST) <= set(GRID) and 8 <= len(FAST) <= 12
+    assert set(FAST) <= set(GRID) and 6 <= len(FAST) <= 12
