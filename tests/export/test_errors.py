@@ -133,9 +133,9 @@ def test_failed_export_leaves_existing_output_untouched(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.onnx").write_bytes(b"previous")
-    with pytest.raises(UnsupportedOperatorError):
-        modelexport.export(UsesCustomOp(), out)
-    assert (out / "model.onnx").read_bytes() == b"previous"
+    with pytest.raises(UnsupportedOperatorError):  # overwrite: the foreign model.onnx may be replaced...
+        modelexport.export(UsesCustomOp(), out, overwrite=True)
+    assert (out / "model.onnx").read_bytes() == b"previous"  # ...but a failed export replaces nothing
 
 
 @pytest.mark.smoke
