@@ -6,12 +6,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 
 from modelexport.cli.app import main
 from modelexport.errors import ConfigError, InputSpecError
 from modelexport.export.config import ExportConfig, InputSpec
+from modelexport.runtime.session import create_session
 
 
 def dims(model: onnx.ModelProto, name: str) -> list[Any]:
@@ -158,3 +160,23 @@ def test_help_describes_every_option(capsys: pytest.CaptureFixture[str]) -> None
         "--quantize",
     ):
         assert option in text
+
+
+@pytest.mark.sanity
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_input_spec_names_map_onto_forward_by_position(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], exporter: str
+) -> None:
+    """nn.Sequential's forward takes ``input``; a spec named ``x`` feeds it by position (as torch.onnx's
+    input_names) and names the ONNX input; a spec without dynamic_axes gets a dynamic batch axis."""
+    specs = tmp_path / "inputs.json"
+    specs.write_text(json.dumps({"inputs": [{"name": "x", "shape": [1, 6]}]}))
+    out = tmp_path / "seq"
+    argv = ["export", "tests/models/torch_models.py:mlp", str(out), "--input-specs", str(specs)]
+    assert main([*argv, "--exporter", exporter, "--verify-topology"]) == 0
+    model = onnx.load(str(out / "model.onnx"))
+    assert [i.name for i in model.graph.input] == ["x"]
+    batch, features = dims(model, "x")
+    assert isinstance(batch, str) and features == 6  # dynamic batch although the example has batch 1
+    session, _ = create_session(str(out / "model.onnx"))
+    assert session.run(None, {"x": np.ones((5, 6), np.float32)})[0].shape == (5, 3)

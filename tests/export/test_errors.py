@@ -107,8 +107,9 @@ def test_factory_must_return_a_module(tmp_path: Path) -> None:
 
 @pytest.mark.sanity
 def test_inputs_that_do_not_match_forward(tmp_path: Path) -> None:
+    two = [{"name": "pixels", "shape": [2, 6]}, {"name": "mask", "shape": [2, 6]}]
     with pytest.raises(InputSpecError, match="not parameters of forward"):
-        modelexport.export(mlp(), tmp_path / "a", input_specs=[{"name": "pixels", "shape": [2, 6]}])
+        modelexport.export(mlp(), tmp_path / "a", input_specs=two)  # forward(input) takes one
     with pytest.raises(InputSpecError, match="failed on the example inputs"):
         modelexport.export(mlp(), tmp_path / "b", input_specs=[{"name": "input", "shape": [2, 5]}])
     with pytest.raises(InputSpecError, match="dtype"):
@@ -132,9 +133,9 @@ def test_failed_export_leaves_existing_output_untouched(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.onnx").write_bytes(b"previous")
-    with pytest.raises(UnsupportedOperatorError):
-        modelexport.export(UsesCustomOp(), out)
-    assert (out / "model.onnx").read_bytes() == b"previous"
+    with pytest.raises(UnsupportedOperatorError):  # overwrite: the foreign model.onnx may be replaced...
+        modelexport.export(UsesCustomOp(), out, overwrite=True)
+    assert (out / "model.onnx").read_bytes() == b"previous"  # ...but a failed export replaces nothing
 
 
 @pytest.mark.smoke

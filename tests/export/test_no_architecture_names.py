@@ -33,6 +33,12 @@ ARCHITECTURES = [
     "distilbert",
     "mobilenet",
     "efficientnet",
+    "beit",
+    "wavlm",
+    "siglip",
+    "mixtral",
+    "hubert",
+    "deberta",
 ]
 PATTERN = re.compile(r"(?<![a-z])(" + "|".join(ARCHITECTURES) + r")(?![a-z])", re.IGNORECASE)
 

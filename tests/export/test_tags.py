@@ -70,7 +70,7 @@ def test_module_called_twice(export_cache: Any, exporter: str) -> None:
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("mlp", {"/Sequential"}),
+        ("mlp", {"/Sequential/Linear.0", "/Sequential/ReLU.1", "/Sequential/Linear.3"}),
         ("cnn_bn", {"/SmallCNN", "/SmallCNN/ConvBlock.0", "/SmallCNN/ConvBlock.2"}),
         ("lstm", {"/LSTMClassifier", "/LSTMClassifier/Embedding"}),
     ],
@@ -137,3 +137,26 @@ def test_propagation_goes_to_consumers_first_then_producers() -> None:
     tags = {1: "/M/A", 2: "/M/B"}
     assert sorted(propagate_tags(nodes, tags)) == [0, 3]
     assert tags == {0: "/M", 1: "/M/A", 2: "/M/B", 3: "/M/B"}
+
+
+@pytest.mark.sanity
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_torch_nn_only_model_is_not_collapsed_to_its_root(export_cache: Any, exporter: str) -> None:
+    """Every node used to be tagged /Shared: its children (a Linear called twice, a Sequential) become levels."""
+    result = export_cache.get("torch-shared", TORCH_MODELS["shared"], exporter=exporter, verify_topology=True)
+    tags = node_tags(result)
+    assert set(tags) == {"/Shared/Linear.proj", "/Shared/Sequential.mix"}
+    assert tags.count("/Shared/Linear.proj") >= 2  # both calls
+    side = json.loads(result.hierarchy_path.read_text())
+    assert side["modules"]["proj"]["is_tag_level"] and side["modules"]["proj"]["call_count"] == 2
+    assert not side["modules"]["mix.0"]["is_tag_level"]  # inside a level the torch.nn filter still applies
+
+
+@pytest.mark.sanity
+def test_reveal_leaves_models_whose_kept_modules_hold_most_nodes() -> None:
+    tree = ModuleTree(SmallCNN())
+    assert tree.reveal({"features.0.conv": 3, "features.2.conv": 3, "head": 1, "": 1}) == []
+    assert tree.tag_of("head") == "/SmallCNN"
+    assert tree.reveal({"features.0.conv": 1, "head": 3, "dropout": 1}) == ["dropout", "head"]
+    assert tree.tag_of("head") == "/SmallCNN/Linear.head"
+    assert tree.tag_of("features.0.bn") == "/SmallCNN/ConvBlock.0/BatchNorm2d"  # existing levels unchanged

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["mlp", "SmallCNN", "LSTMClassifier", "Block", "ReuseTwice", "TwoStages", "TORCH_MODELS"]
+__all__ = ["mlp", "SmallCNN", "LSTMClassifier", "Block", "ReuseTwice", "TwoStages", "Shared", "TORCH_MODELS"]
 
 
 def mlp() -> nn.Sequential:
@@ -90,3 +90,19 @@ TORCH_MODELS = {
     "reuse_twice": ReuseTwice,
     "two_stages": TwoStages,
 }
+
+
+class Shared(nn.Module):
+    """Only torch.nn blocks inside a custom root, one of them called twice: tags must not collapse to
+    the root (``/Shared/Linear.proj``, ``/Shared/Sequential.mix``)."""
+
+    def __init__(self, dim: int = 8) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.mix = nn.Sequential(nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.mix(self.proj(x)))
+
+
+TORCH_MODELS["shared"] = Shared

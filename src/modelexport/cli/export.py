@@ -52,7 +52,8 @@ def _summary(result: Any) -> str:
     type=click.Path(exists=True, dir_okay=False),
     default=None,
     help='JSON file: {"inputs": [{"name": "x", "shape": [2, 1, 8, 8], "dtype": "float32"}]}, optional '
-    '"dynamic_axes" {"0": "batch"} and "range" [low, high] per input.',
+    '"dynamic_axes" {"0": "batch"} (default: axis 0 dynamic; {} for static) and "range" [low, high] per '
+    "input. Names are the ONNX input names; names that are not forward()'s parameters map onto them by position.",
 )
 @click.option(
     "--input-shape", default=None, help="Shape of the main input, e.g. 2,16 (batch,seq) or 1,3,224,224."
@@ -105,6 +106,12 @@ def _summary(result: Any) -> str:
     help="Also write an int8 model beside model.onnx.",
 )
 @click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace model files in OUTPUT_DIR that modelexport did not write (an earlier export's own "
+    "files are always replaced; other files are kept).",
+)
+@click.option(
     "--format",
     "fmt",
     type=click.Choice(["text", "json"]),
@@ -140,6 +147,7 @@ def export_cmd(model: str, output_dir: str, **opts: Any) -> int:
         embed_metadata=not opts["no_embed_metadata"],
         task=opts["task"],
         quantize=None if opts["quantize"] == "none" else opts["quantize"],
+        overwrite=opts["overwrite"],
         **(
             {"torch_nn_exceptions": opts["torch_nn_exceptions"]}
             if opts["torch_nn_exceptions"] is not None

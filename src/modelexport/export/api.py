@@ -15,6 +15,7 @@ from typing import Any
 
 from .._io import atomic_dir, onnx_weight_bytes, write_json, write_text
 from ..errors import ExportError, InputSpecError, TopologyMismatchError
+from ..hierarchy.scopes import scope_counts
 from ..hierarchy.sidecar import SIDECAR_NAME, build_sidecar
 from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
@@ -24,8 +25,10 @@ from ..optimize.export_pass import quantize_package_pass
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
 from .context import ExportContext, StageLog
+from .destination import PACKAGE_FILES_KEY, plan_replacement, remove_stale
+from .experts import EXPERT_ROUTE, expert_blocks
 from .generation import build_with_past_inputs, first_step_parity, generation_package_pass, is_with_past
-from .inputs import build_inputs
+from .inputs import build_inputs, input_specs_hint
 from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for
 from .report import render_export_report
@@ -110,9 +113,11 @@ def _reference_run(ctx: ExportContext) -> None:
 
     try:
         ctx.tree.count_calls(module, run)
-    except (TypeError, RuntimeError, ValueError, IndexError) as exc:
+    except (TypeError, RuntimeError, ValueError, IndexError, AttributeError, KeyError) as exc:
         raise InputSpecError(
-            f"{type(module).__name__}.forward() failed on the example inputs: {exc}"
+            f"{type(module).__name__}.forward() failed on the example inputs "
+            f"({', '.join(f'{s.name} {list(s.shape)}' for s in ctx.inputs.specs)}): {exc}",
+            hint=input_specs_hint(module, ctx.inputs.specs),
         ) from exc
     ctx.reference = flatten_outputs(holder["out"])
     if not ctx.reference:
@@ -143,7 +148,7 @@ def _dump_graphs(ctx: ExportContext) -> None:
     if ctx.config.jit_graph:
         with training_modes(module, ctx.config.keep_dropout), torch.no_grad():
             traced = torch.jit.trace(
-                module, example_kwarg_inputs=dict(ctx.inputs.tensors), strict=False, check_trace=False
+                module, example_kwarg_inputs=ctx.inputs.forward_kwargs(), strict=False, check_trace=False
             )
         (ctx.staging_dir / "jit_graph.txt").write_text(str(traced.inlined_graph), encoding="utf-8")
         ctx.files["jit_graph"] = "jit_graph.txt"
@@ -220,15 +225,19 @@ def export(
     """
     cfg = (config or ExportConfig()).with_changes(**options) if options else (config or ExportConfig())
     output_dir = Path(output_dir)
+    replaced = plan_replacement(output_dir, cfg.overwrite)
     with atomic_dir(output_dir) as staging:
         ctx = _prepare(model, cfg, staging, on_stage)
         settings = _settings(ctx)
         with ctx.stages.stage("export", f"{cfg.exporter}, opset {cfg.opset or 'default'}"):
             ctx.model_proto = capture(ctx.loaded.module, ctx.inputs, settings)
+        if expert_blocks(ctx.loaded.module):
+            ctx.notes.append(EXPERT_ROUTE)
         if cfg.fx_graph or cfg.jit_graph:
             with ctx.stages.stage("graph_dumps"):
                 _dump_graphs(ctx)
         with ctx.stages.stage("tagging") as st:
+            ctx.tree.reveal(scope_counts(ctx.model_proto, cfg.exporter, set(ctx.tree.modules)))
             ctx.tagging = tag_model(ctx.model_proto, ctx.tree, cfg.exporter)
             st["detail"] = (
                 f"{ctx.tagging.coverage['coverage_pct']}% of {ctx.tagging.coverage['total_nodes']} nodes"
@@ -239,6 +248,12 @@ def export(
             serialized = _write_model(ctx.model_proto, ctx.staging_dir / MODEL_FILE)
         identical, parity = _verify(ctx, settings, serialized)
         result = _finish(ctx, output_dir, identical, parity)
+        if replaced:
+            stale = remove_stale(output_dir, replaced, {p.name for p in staging.iterdir()})
+            result.notes.append(
+                f"replaced the earlier export's files in {output_dir}"
+                + (f"; removed those this export does not write: {', '.join(stale)}" if stale else "")
+            )
     return result
 
 
@@ -284,6 +299,10 @@ def _finish(
 ) -> ExportResult:
     cfg = ctx.config
     opset = _opset(ctx.model_proto)
+    ctx.extra["export_settings"][PACKAGE_FILES_KEY] = sorted(
+        {MODEL_FILE, SIDECAR_NAME, *ctx.files.values(), *(["export_report.md"] if cfg.with_report else [])}
+        | {p.name for p in ctx.staging_dir.iterdir() if p.name.startswith(MODEL_FILE)}
+    )
     with ctx.stages.stage("sidecar"):
         sidecar = build_sidecar(
             ctx.model_proto, ctx.tree, ctx.tagging, ctx.extra["export_settings"], ctx.loaded.info()

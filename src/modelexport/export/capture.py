@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ExportError, InputSpecError, UnsupportedOperatorError
+from .experts import every_expert_runs
 from .inputs import ExampleInputs
 
 __all__ = ["CaptureSettings", "EXPORTER_REGISTRY", "capture", "exporter"]
@@ -88,6 +89,27 @@ def training_modes(model: Any, keep_dropout: bool) -> Iterator[None]:
             config.use_cache = use_cache
 
 
+@contextlib.contextmanager
+def _no_grad(model: Any) -> Iterator[None]:
+    """Capture an inference graph: no autograd, parameters not requiring grad.
+
+    With grad enabled, torch.export records autograd-only ops (relative position bias tables,
+    weight-norm convolutions) that the ONNX decomposition step cannot lower; an inference graph
+    has none of them. The baseline capture runs under the same state, so topology stays comparable.
+    """
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
 @exporter("dynamo")
 def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     import torch
@@ -144,7 +166,7 @@ def _torchscript(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
 
     buffer = io.BytesIO()
     training = torch.onnx.TrainingMode.PRESERVE if s.keep_dropout else torch.onnx.TrainingMode.EVAL
-    with _forward_taking_only(model, inputs.names):
+    with _forward_taking_only(model, inputs.parameters):
         torch.onnx.export(
             model,
             tuple(inputs.tensors.values()),
@@ -180,7 +202,12 @@ def capture(model: Any, inputs: ExampleInputs, settings: CaptureSettings) -> Any
     """Export ``model`` with the chosen exporter and return the ``onnx.ModelProto``; typed errors."""
     fn = EXPORTER_REGISTRY[settings.exporter]
     try:
-        with _quiet(), training_modes(model, settings.keep_dropout):
+        with (
+            _quiet(),
+            training_modes(model, settings.keep_dropout),
+            _no_grad(model),
+            every_expert_runs(model),
+        ):
             return fn(model, inputs, settings)
     except (TypeError, IndexError) as exc:
         if "argument" in str(exc) or "positional" in str(exc):

@@ -183,6 +183,8 @@ class ExportConfig:
     #: Pre-processing of a plain torch model, in transformers' processor-config form
     #: (e.g. {"image_processor_type": ..., "size": ..., "image_mean": ...}); embedded in the metadata.
     processor_config: dict[str, Any] | None = None
+    #: Replace model files in the output folder that an earlier modelexport export did not write.
+    overwrite: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -8,6 +8,7 @@ their shape from the first layer that consumes the input (Linear, Conv, Embeddin
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 from ..errors import InputSpecError
 from .config import ExportConfig, InputSpec
 
-__all__ = ["ExampleInputs", "build_inputs", "forward_parameters"]
+__all__ = ["ExampleInputs", "build_inputs", "forward_parameters", "input_specs_hint"]
 
 log = logging.getLogger(__name__)
 
@@ -24,17 +25,28 @@ BATCH, SEQ = 2, 16  # >1 so the exporters do not specialise dynamic axes to 1
 
 _Generator = Callable[[Any, ExportConfig], InputSpec | None]
 _INPUT_GENERATORS: dict[str, _Generator] = {}
+#: input name -> modality; a multimodal config keeps each modality's settings in ``<modality>_config``.
+_MODALITY: dict[str, str] = {}
+#: The inputs that carry a modality's data (the others, masks and type ids, go with them).
+_PRIMARY = ("input_ids", "pixel_values", "input_values", "input_features")
 
 
-def input_generator(*names: str) -> Callable[[_Generator], _Generator]:
+def input_generator(*names: str, modality: str) -> Callable[[_Generator], _Generator]:
     """Register how to build an example for the forward parameters called ``names``."""
 
     def deco(fn: _Generator) -> _Generator:
         for n in names:
             _INPUT_GENERATORS[n] = fn
+            _MODALITY[n] = modality
         return fn
 
     return deco
+
+
+def _modality_config(config: Any, name: str) -> Any | None:
+    """The sub-config of ``name``'s modality (``text_config``...), or None for single-modality configs."""
+    sub = getattr(config, f"{_MODALITY.get(name, '')}_config", None)
+    return sub if hasattr(sub, "to_dict") else None
 
 
 def _text_shape(cfg: ExportConfig) -> tuple[int, int]:
@@ -47,7 +59,7 @@ def _vocab(config: Any) -> int:
     return int(getattr(config, "vocab_size", None) or 100)
 
 
-@input_generator("input_ids", "decoder_input_ids")
+@input_generator("input_ids", "decoder_input_ids", modality="text")
 def _ids(config: Any, cfg: ExportConfig) -> InputSpec:
     b, s = _text_shape(cfg)
     return InputSpec(
@@ -55,13 +67,13 @@ def _ids(config: Any, cfg: ExportConfig) -> InputSpec:
     )
 
 
-@input_generator("attention_mask", "decoder_attention_mask")
+@input_generator("attention_mask", "decoder_attention_mask", modality="text")
 def _mask(config: Any, cfg: ExportConfig) -> InputSpec:
     b, s = _text_shape(cfg)
     return InputSpec("attention_mask", (b, s), "int64", {0: "batch_size", 1: "sequence_length"}, (1, 2))
 
 
-@input_generator("token_type_ids")
+@input_generator("token_type_ids", modality="text")
 def _token_types(config: Any, cfg: ExportConfig) -> InputSpec | None:
     if not getattr(config, "type_vocab_size", 0):
         return None
@@ -74,7 +86,7 @@ def _image_size(config: Any) -> int:
     return int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
-@input_generator("pixel_values")
+@input_generator("pixel_values", modality="vision")
 def _pixels(config: Any, cfg: ExportConfig) -> InputSpec:
     if cfg.input_shape and len(cfg.input_shape) == 4:
         shape = cfg.input_shape
@@ -84,13 +96,19 @@ def _pixels(config: Any, cfg: ExportConfig) -> InputSpec:
     return InputSpec("pixel_values", tuple(shape), "float32", {0: "batch_size"})
 
 
-@input_generator("input_values")
+@input_generator("input_values", modality="audio")
 def _waveform(config: Any, cfg: ExportConfig) -> InputSpec:
+    """A raw waveform (batch, samples), or a spectrogram (batch, max_length frames, num_mel_bins) when
+    the config gives mel bins: such encoders patch a fixed-size spectrogram, so only batch is dynamic."""
+    mels, frames = getattr(config, "num_mel_bins", None), getattr(config, "max_length", None)
+    if mels and frames:
+        shape = cfg.input_shape if cfg.input_shape and len(cfg.input_shape) == 3 else (BATCH, frames, mels)
+        return InputSpec("input_values", tuple(shape), "float32", {0: "batch_size"})
     shape = cfg.input_shape if cfg.input_shape and len(cfg.input_shape) == 2 else (BATCH, 4000)
     return InputSpec("input_values", tuple(shape), "float32", {0: "batch_size", 1: "sequence_length"})
 
 
-@input_generator("input_features")
+@input_generator("input_features", modality="audio")
 def _features(config: Any, cfg: ExportConfig) -> InputSpec:
     mels = int(getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", 80))
     # Encoders with fixed positions (max_source_positions) need exactly 2x that many frames (stride-2 conv).
@@ -105,13 +123,19 @@ class ExampleInputs:
     """Concrete tensors plus the specs they came from (names, dynamic axes)."""
 
     specs: tuple[InputSpec, ...]
-    tensors: dict[str, Any]  # name -> torch.Tensor
+    tensors: dict[str, Any]  # ONNX input name -> torch.Tensor
     #: Names for the graph outputs; None: named after the reference outputs.
     output_names: tuple[str, ...] | None = None
+    #: forward() parameter each spec feeds (None: the spec names are the parameter names)
+    params: tuple[str, ...] | None = None
 
     @property
     def names(self) -> list[str]:
         return [s.name for s in self.specs]
+
+    @property
+    def parameters(self) -> list[str]:
+        return list(self.params) if self.params else self.names
 
     def dynamic_axes(self, static: bool) -> dict[str, dict[int, str]] | None:
         if static:
@@ -120,8 +144,9 @@ class ExampleInputs:
         return axes or None
 
     def forward_kwargs(self) -> dict[str, Any]:
-        """What forward() is called with (subclasses pack tensors into objects, e.g. a cache)."""
-        return dict(self.tensors)
+        """What forward() is called with: the tensors keyed by the parameter each feeds (subclasses pack
+        tensors into objects, e.g. a cache)."""
+        return {p: self.tensors[n] for p, n in zip(self.parameters, self.names, strict=True)}
 
     def dynamo_shapes(self) -> dict[str, Any]:
         """``dynamic_shapes`` for ``torch.export``, keyed like :meth:`forward_kwargs`.
@@ -130,7 +155,10 @@ class ExampleInputs:
         (``s18``, ``s41``) to them, so the graph reads ``batch_size`` / ``sequence_length`` as Optimum writes.
         """
         axes = self.dynamic_axes(False) or {}
-        return {name: {int(a): str(n) for a, n in axes.get(name, {}).items()} for name in self.tensors}
+        return {
+            param: {int(a): str(n) for a, n in axes.get(name, {}).items()}
+            for param, name in zip(self.parameters, self.names, strict=True)
+        }
 
     def as_numpy(self) -> dict[str, Any]:
         return {k: v.detach().cpu().numpy() for k, v in self.tensors.items()}
@@ -140,6 +168,27 @@ def forward_parameters(module: Any) -> list[inspect.Parameter]:
     """``forward``'s parameters (without ``self``, ``*args``, ``**kwargs``)."""
     sig = inspect.signature(module.forward)
     return [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def input_specs_hint(module: Any, tried: tuple[InputSpec, ...] | list[InputSpec] = ()) -> str:
+    """An ``--input-specs`` example built from ``forward``'s real parameters: the inputs tried (with
+    their shapes), else the required parameters (shapes to fill in)."""
+    params = forward_parameters(module)
+    by_name = {s.name: s for s in tried}
+    chosen = [p for p in params if p.name in by_name] or [
+        p for p in params if p.default is inspect.Parameter.empty
+    ]
+    entries = [
+        {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
+        if (s := by_name.get(p.name))
+        else {"name": p.name, "shape": "SHAPE", "dtype": "float32"}
+        for p in chosen or params[:1]
+    ]
+    takes = ", ".join(p.name for p in params) or "nothing"
+    return (
+        f"{type(module).__name__}.forward({takes}): give its inputs with --input-specs FILE.json, "
+        f"e.g. {json.dumps({'inputs': entries})}"
+    )
 
 
 def _make_tensor(spec: InputSpec, seed: int) -> Any:
@@ -159,21 +208,28 @@ def _make_tensor(spec: InputSpec, seed: int) -> Any:
     return torch.randint(int(lo), max(int(hi), int(lo) + 1), spec.shape, generator=gen, dtype=dtype)
 
 
-def _hf_specs(module: Any, cfg: ExportConfig, params: list[str]) -> list[InputSpec]:
+def _wanted_inputs(module: Any, params: list[str]) -> list[str]:
+    """The main input; for multimodal configs (a sub-config per modality) every modality's main
+    input forward takes; text masks and type ids with text; the decoder's ids for encoder-decoders."""
     config = module.config
     main = getattr(module, "main_input_name", None) or params[0]
     wanted = [main]
-    for name in ("attention_mask", "token_type_ids"):
-        if name in params and main == "input_ids":
-            wanted.append(name)
+    wanted += [n for n in _PRIMARY if n != main and n in params and _modality_config(config, n) is not None]
+    if "input_ids" in wanted:
+        wanted += [n for n in ("attention_mask", "token_type_ids") if n in params]
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         wanted.append("decoder_input_ids")
+    return wanted
+
+
+def _hf_specs(module: Any, cfg: ExportConfig, params: list[str]) -> list[InputSpec]:
+    config = module.config
     specs = []
-    for name in wanted:
+    for name in _wanted_inputs(module, params):
         gen = _INPUT_GENERATORS.get(name)
         if gen is None:
             raise InputSpecError(f"no example generator for input {name!r}; give --input-specs")
-        spec = gen(config, cfg)
+        spec = gen(_modality_config(config, name) or config, cfg)
         if spec is not None:
             specs.append(InputSpec(name, spec.shape, spec.dtype, spec.dynamic_axes, spec.range))
     return specs
@@ -218,17 +274,37 @@ def _tokenize_text(text: str, tokenizer: Any, names: set[str]) -> dict[str, Any]
     return {k: v for k, v in enc.items() if k in names}
 
 
-def _check_against_signature(specs: tuple[InputSpec, ...], params: list[inspect.Parameter]) -> None:
-    names = {p.name for p in params}
-    unknown = [s.name for s in specs if s.name not in names]
-    if unknown:
+def _parameters_for(specs: list[InputSpec], params: list[inspect.Parameter], module: Any) -> list[str]:
+    """The forward() parameter each spec feeds: by name when every name is a parameter, else by
+    position, as ``torch.onnx.export``'s ``input_names`` (the spec names stay the ONNX input names)."""
+    names = [p.name for p in params]
+    if all(s.name in names for s in specs):
+        return [s.name for s in specs]
+    positional = [p.name for p in params if p.kind != inspect.Parameter.KEYWORD_ONLY]
+    clash = [s.name for i, s in enumerate(specs) if s.name in names and positional[i : i + 1] != [s.name]]
+    if len(specs) > len(positional) or clash:
         raise InputSpecError(
-            f"inputs {unknown} are not parameters of forward(); forward takes: {', '.join(p.name for p in params) or 'nothing'}"
+            f"inputs {[s.name for s in specs if s.name not in names]} are not parameters of forward(), and "
+            f"cannot map by position: forward takes {', '.join(names) or 'nothing'}",
+            hint=input_specs_hint(module, specs),
         )
-    given = {s.name for s in specs}
+    return positional[: len(specs)]
+
+
+def _check_against_signature(given: list[str], params: list[inspect.Parameter], module: Any) -> None:
     missing = [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in given]
     if missing:
-        raise InputSpecError(f"forward() requires {missing} but the input specs do not give them")
+        raise InputSpecError(
+            f"forward() requires {missing} but the input specs do not give them",
+            hint=input_specs_hint(module),
+        )
+
+
+def _with_default_axes(spec: InputSpec) -> InputSpec:
+    """A user spec that does not say ``dynamic_axes`` gets a dynamic batch axis (axis 0); ``{}`` is static."""
+    if spec.dynamic_axes is not None or not spec.shape:
+        return spec
+    return InputSpec(spec.name, spec.shape, spec.dtype, {0: "batch_size"}, spec.range)
 
 
 def build_inputs(
@@ -239,23 +315,27 @@ def build_inputs(
     names = [p.name for p in params]
     config = getattr(module, "config", None)
     if cfg.input_specs:
-        specs = list(cfg.input_specs)
+        specs = [_with_default_axes(s) for s in cfg.input_specs]
     elif config is not None and hasattr(config, "to_dict"):
         specs = _apply_shape_override(_hf_specs(module, cfg, names), cfg)
     else:
         required = [p.name for p in params if p.default is inspect.Parameter.empty]
         if len(required) != 1:
             raise InputSpecError(
-                f"cannot guess example inputs for forward({', '.join(names)}); give --input-specs FILE.json"
+                f"cannot guess example inputs for forward({', '.join(names)}); give --input-specs FILE.json",
+                hint=input_specs_hint(module),
             )
         spec = _first_layer_spec(module, required[0])
         if spec is None:
             raise InputSpecError(
-                f"cannot infer the shape of input {required[0]!r} of {type(module).__name__}; give --input-specs FILE.json"
+                f"cannot infer the shape of input {required[0]!r} of {type(module).__name__}; give --input-specs FILE.json",
+                hint=input_specs_hint(module),
             )
         specs = _apply_shape_override([spec], cfg)
-    _check_against_signature(tuple(specs), params)
-    specs.sort(key=lambda s: names.index(s.name))  # graph inputs follow forward()'s order in both exporters
+    fed = _parameters_for(specs, params, module)
+    _check_against_signature(fed, params, module)
+    order = sorted(range(len(specs)), key=lambda i: names.index(fed[i]))  # graph inputs follow forward()
+    specs, fed = [specs[i] for i in order], [fed[i] for i in order]
     tensors = {s.name: _make_tensor(s, seed + i) for i, s in enumerate(specs)}
     if cfg.text is not None:
         if tokenizer is None:
@@ -266,4 +346,5 @@ def build_inputs(
         specs = [
             InputSpec(s.name, tuple(tensors[s.name].shape), s.dtype, s.dynamic_axes, s.range) for s in specs
         ]
-    return ExampleInputs(tuple(specs), tensors)
+    params_fed = tuple(fed) if fed != [s.name for s in specs] else None
+    return ExampleInputs(tuple(specs), tensors, params_fed)

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SCOPE_READERS", "scope_reader", "module_path_for"]
+__all__ = ["SCOPE_READERS", "scope_reader", "module_path_for", "scope_counts"]
 
 _CALL_SUFFIX = re.compile(r"^(.*?)(?:_\d+|@\d+)$")
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
@@ -88,3 +89,13 @@ def _child(current: str, seg: str, paths: set[str]) -> str | None:
 
 def module_path_for(exporter: str, node: Any, paths: set[str]) -> str | None:
     return SCOPE_READERS[exporter](node, paths)
+
+
+def scope_counts(model: Any, exporter: str, paths: set[str]) -> Counter[str]:
+    """How many of the graph's nodes each module path produced (nodes with a resolvable scope)."""
+    counts: Counter[str] = Counter()
+    for node in model.graph.node:
+        path = module_path_for(exporter, node, paths)
+        if path is not None:
+            counts[path] += 1
+    return counts

@@ -3,6 +3,9 @@
 Universal rules only: a module is a tag level unless it is a plain ``torch.nn`` building block
 (Linear, Dropout, activations, containers...), except the configurable exceptions (norms and
 embeddings by default). The root is always a level. Distinct kept modules always get distinct tags.
+A model is never collapsed onto its root: when most scoped nodes would land on the root tag while
+they come from several of the root's named children, those children become levels, named
+``Class.attribute`` (``/Shared/Sequential.mix``, ``/Shared/Linear.proj``): see :meth:`ModuleTree.reveal`.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +103,7 @@ class ModuleTree:
                 inherited_parameters=[n for n in everything if n not in direct],
                 children={name: type(child).__name__ for name, child in module.named_children()},
             )
+        self.revealed: set[str] = set()  # root children made levels by :meth:`reveal`
         self._assign_tags()
 
     # -- paths ---------------------------------------------------------------------------------
@@ -126,7 +131,7 @@ class ModuleTree:
         parent = self.parent(path)
         name = path.rpartition(".")[2]
         siblings = Counter(self.info[parent].children.values()) if parent is not None else Counter()
-        if name.isdigit() or siblings[info.class_name] > 1:
+        if name.isdigit() or siblings[info.class_name] > 1 or path in self.revealed:
             return f"{info.class_name}.{name}"
         return info.class_name
 
@@ -135,7 +140,7 @@ class ModuleTree:
 
     def _assign_tags(self) -> None:
         """Tag every kept module; if two kept modules collide, make their hidden containers levels."""
-        levels = {p for p, i in self.info.items() if i.kept}
+        levels = {p for p, i in self.info.items() if i.kept} | self.revealed
         for _ in range(len(self.info) + 1):
             tags = {p: self._compute_tag(p, levels) for p in levels}
             by_tag: dict[str, list[str]] = {}
@@ -154,6 +159,22 @@ class ModuleTree:
             owner = self.owner(path)
             info.tag = tags[owner]
         self.tag_to_path = {tags[p]: p for p in levels}
+
+    def reveal(self, node_counts: Mapping[str, int]) -> list[str]:
+        """Never collapse a model onto its root: given scoped node counts per module path, if more
+        than half land on the root tag and they come from two or more of the root's children, make
+        those children levels. Returns the children revealed (none for models whose kept modules
+        already hold most nodes, e.g. every Hugging Face model: their tags stay as they are)."""
+        total = sum(node_counts.values())
+        on_root = {p: n for p, n in node_counts.items() if p in self.info and self.owner(p) == ""}
+        if not total or 2 * sum(on_root.values()) <= total:
+            return []
+        children = sorted({p.split(".", 1)[0] for p in on_root if p})
+        if len(children) < 2:
+            return []
+        self.revealed |= set(children)
+        self._assign_tags()
+        return children
 
     def owner(self, path: str) -> str:
         """The nearest kept module at or above ``path``."""
