@@ -347,4 +347,4 @@ def build_inputs(
             InputSpec(s.name, tuple(tensors[s.name].shape), s.dtype, s.dynamic_axes, s.range) for s in specs
         ]
     params_fed = tuple(fed) if fed != [s.name for s in specs] else None
-    return ExampleInputs(tuple(specs), tensors, params_fed)
+    return ExampleInputs(tuple(specs), tensors, params=params_fed)
