@@ -63,16 +63,33 @@ def test_best_weights_are_kept(trained_digits: Any, digits_splits: Any) -> None:
 
 @pytest.mark.sanity
 def test_early_stopping_stops_when_validation_stalls() -> None:
-    """A metric that never improves after epoch 1: patience 1 stops after epoch 2 and keeps epoch 1."""
+    """A metric that drops after epoch 1: patience 1 stops after epoch 2 and keeps epoch 1."""
     ds = load_dataset("sklearn:digits").subset(range(200))
     train, val = ds.split(0.3, seed=0)
     program = ClassifierProgram(build_network("image_classifier", train))
     optimizer = TorchWeightOptimizer(TrainConfig(epochs=5, batch_size=64, patience=1, progress=False))
+    calls = iter(range(10**6))
+
+    def first_pass_only(ex: Any, pred: Any, trace: Any = None) -> float:
+        return 1.0 if next(calls) < len(val) else 0.0
+
+    optimizer.compile(program, trainset=to_examples(train), valset=to_examples(val), metric=first_pass_only)
+    summary = optimizer.summary
+    assert summary.epochs_run == 2 and summary.stopped_early and summary.best_epoch == 1
+
+
+@pytest.mark.sanity
+def test_validation_ties_keep_the_later_weights() -> None:
+    """A constant metric ties every epoch: training runs to the end and keeps the last (lowest-LR) weights."""
+    ds = load_dataset("sklearn:digits").subset(range(120))
+    train, val = ds.split(0.3, seed=0)
+    program = ClassifierProgram(build_network("image_classifier", train))
+    optimizer = TorchWeightOptimizer(TrainConfig(epochs=3, batch_size=64, patience=1, progress=False))
     optimizer.compile(
         program, trainset=to_examples(train), valset=to_examples(val), metric=lambda ex, pred, trace=None: 1.0
     )
     summary = optimizer.summary
-    assert summary.epochs_run == 2 and summary.stopped_early and summary.best_epoch == 1
+    assert summary.epochs_run == 3 and not summary.stopped_early and summary.best_epoch == 3
 
 
 @pytest.mark.must
@@ -84,6 +101,7 @@ def test_early_stopping_stops_when_validation_stalls() -> None:
         ({"learning_rate": 0.0}, "learning_rate"),
         ({"learning_rate": 2.0}, "learning_rate"),
         ({"patience": 0}, "patience"),
+        ({"schedule": "step"}, "schedule"),
     ],
 )
 def test_train_config_rejects_out_of_range(options: dict[str, Any], match: str) -> None:

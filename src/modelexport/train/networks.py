@@ -78,6 +78,13 @@ class Network:
 
         return self.module(**{k: torch.from_numpy(v) for k, v in feeds.items()})
 
+    def augment(self, feeds: dict[str, np.ndarray], generator: Any) -> dict[str, np.ndarray]:
+        """Training-time augmentation of encoded feeds (``generator``: a seeded ``torch.Generator``).
+
+        Only the trainer calls it, on training batches; inference and validation never do. Default: none.
+        """
+        return feeds
+
     def export_source(self, workdir: Path) -> tuple[Any, dict[str, Any]]:
         """What to hand to ``modelexport.export`` and with which ExportConfig fields."""
         raise NotImplementedError
@@ -211,6 +218,8 @@ class ImageClassifier(Network):
     std: list[float]
     module: Any = field(default=None, repr=False)
     keep_batchnorm: bool = True
+    #: Training-time augmentation (a ``cnn.AffineJitter``; None: the ``light`` preset).
+    augmentation: Any = field(default=None, repr=False)
 
     kind = "image"
     input_field = "image"
@@ -220,6 +229,10 @@ class ImageClassifier(Network):
             from .cnn import CompactCNN  # defers torch: the CLI lists the networks without it
 
             self.module = CompactCNN(self.channels, len(self.id2label), self.image_size)
+        if self.augmentation is None:
+            from .cnn import AFFINE_PRESETS
+
+            self.augmentation = AFFINE_PRESETS["light"]
 
     def encode(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
         shapes = {tuple(np.shape(img)) for img in inputs}
@@ -231,6 +244,13 @@ class ImageClassifier(Network):
         x = np.stack(inputs).astype(np.float32) / 255.0
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         return {"pixel_values": np.ascontiguousarray(x.transpose(0, 3, 1, 2))}
+
+    def augment(self, feeds: dict[str, np.ndarray], generator: Any) -> dict[str, np.ndarray]:
+        """Small random affine warps (rotation, scale, shift; never flips) of the training batch."""
+        import torch
+
+        pixels = torch.from_numpy(feeds["pixel_values"])
+        return {**feeds, "pixel_values": self.augmentation(pixels, generator).numpy()}
 
     def processor_config(self) -> dict[str, Any]:
         """The same pre-processing in transformers' image-processor form (embedded in the export)."""
@@ -263,7 +283,9 @@ class ImageClassifier(Network):
     "image_classifier",
     "image",
     "compact CNN with BatchNorm (trained from scratch)",
-    defaults={"epochs": 10, "batch_size": 32, "learning_rate": 3e-3, "tta": True, "ttt": True},
+    # 30 cosine-decayed epochs of augmented batches: on the digits image-folder split (1,200 -> 597 held out)
+    # the held-out accuracy goes from 0.970 (10 epochs, lr 3e-3, no augmentation, patience 2) to 0.99
+    defaults={"epochs": 30, "batch_size": 32, "learning_rate": 1e-3, "tta": True, "ttt": True},
     has_batchnorm=True,
 )
 def _build_image(dataset: Dataset, options: NetworkOptions) -> Network:

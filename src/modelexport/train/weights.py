@@ -1,8 +1,9 @@
 """``TorchWeightOptimizer``: a DSPy teleprompter that trains the program's torch weights.
 
 DSPy's own optimizers tune prompts and demos through an LM; ours has no LM and changes weights:
-AdamW with linear warm-up/decay, progress per epoch, early stopping on the validation metric as
-measured by ``dspy.Evaluate``, and the best weights restored at the end.
+AdamW with warm-up then cosine (or linear) decay, the network's own training-time augmentation,
+progress per epoch, early stopping on the validation metric as measured by ``dspy.Evaluate``, and
+the best weights restored at the end.
 """
 
 from __future__ import annotations
@@ -22,11 +23,18 @@ from dspy.teleprompt import Teleprompter
 from ..errors import ConfigError, TrainingError
 from .program import ClassifierProgram, label_accuracy
 
-__all__ = ["TrainConfig", "TrainingSummary", "TorchWeightOptimizer", "evaluate_program"]
+__all__ = ["SCHEDULES", "TrainConfig", "TrainingSummary", "TorchWeightOptimizer", "evaluate_program"]
 
 log = logging.getLogger(__name__)
 
 Metric = Callable[..., Any]
+
+#: Learning-rate decay after warm-up: progress in [0, 1] -> multiplier of the peak learning rate.
+SCHEDULES: dict[str, Callable[[float], float]] = {
+    "cosine": lambda t: 0.5 * (1.0 + math.cos(math.pi * t)),
+    "linear": lambda t: 1.0 - t,
+    "constant": lambda t: 1.0,
+}
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,13 @@ class TrainConfig:
     learning_rate: float = 1e-3
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
-    patience: int = 2
+    #: Decay after warm-up (``SCHEDULES``); it spans all ``epochs``, so early stopping cuts it short.
+    schedule: str = "cosine"
+    #: Epochs without a better validation score before stopping (ties count as better: later weights,
+    #: trained longer at a lower learning rate, win; small validation sets tie often).
+    patience: int = 8
+    #: Apply the network's training-time augmentation (``Network.augment``) to training batches.
+    augment: bool = True
     max_grad_norm: float = 1.0
     max_steps_per_epoch: int | None = None
     train_eval_limit: int = 2000
@@ -52,6 +66,7 @@ class TrainConfig:
             ("learning_rate", 0 < self.learning_rate <= 1, "in (0, 1]"),
             ("weight_decay", 0 <= self.weight_decay < 1, "in [0, 1)"),
             ("warmup_ratio", 0 <= self.warmup_ratio < 1, "in [0, 1)"),
+            ("schedule", self.schedule in SCHEDULES, f"one of {', '.join(SCHEDULES)}"),
             ("patience", self.patience >= 1, ">= 1"),
             ("max_grad_norm", self.max_grad_norm > 0, "> 0"),
             (
@@ -80,6 +95,17 @@ class TrainingSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class _Run:
+    """One compile's optimiser state: AdamW, its per-step scheduler, steps per epoch, the seeded generators."""
+
+    optimizer: Any
+    scheduler: Any
+    steps: int
+    rng: np.random.Generator  # shuffling
+    generator: Any  # torch.Generator: augmentation
 
 
 def evaluate_program(
@@ -122,19 +148,18 @@ class TorchWeightOptimizer(Teleprompter):
         inputs, targets = self._tensors(student, trainset)
         cfg = self.config
         started = time.perf_counter()
-        optimizer, scheduler, steps = self._optimizer(student, len(inputs))
-        rng = np.random.default_rng(cfg.seed)
+        run = self._run(student, len(inputs))
         history: list[dict[str, float]] = []
         best: tuple[float, int, dict[str, Any] | None] = (-math.inf, 0, None)
         for epoch in range(1, cfg.epochs + 1):
-            loss = self._epoch(student, inputs, targets, rng, optimizer, scheduler, epoch, steps)
+            loss = self._epoch(student, inputs, targets, run, epoch)
             row = {"epoch": float(epoch), "loss": loss}
             if valset:
                 row["val_score"] = evaluate_program(student, valset, metric, progress=False)
             history.append(row)
             log.info("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "epoch"))
             score = row.get("val_score", -loss)
-            if score > best[0]:
+            if score >= best[0]:
                 best = (score, epoch, copy.deepcopy(student.network.module.state_dict()))
             elif epoch - best[1] >= cfg.patience:
                 log.info("early stop: no improvement for %d epoch(s)", cfg.patience)
@@ -163,7 +188,8 @@ class TorchWeightOptimizer(Teleprompter):
             [student.label2id[str(ex.label)] for ex in trainset]
         )
 
-    def _optimizer(self, student: ClassifierProgram, n: int) -> tuple[Any, Any, int]:
+    def _run(self, student: ClassifierProgram, n: int) -> _Run:
+        """AdamW, the warm-up + decay schedule per step, and the seeded shuffling/augmentation generators."""
         import torch
 
         cfg = self.config
@@ -172,56 +198,53 @@ class TorchWeightOptimizer(Teleprompter):
             steps = min(steps, cfg.max_steps_per_epoch)
         total = steps * cfg.epochs
         warmup = int(total * cfg.warmup_ratio)
+        decay = SCHEDULES[cfg.schedule]
         params = [p for p in student.network.module.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
 
         def schedule(step: int) -> float:
             if step < warmup:
                 return (step + 1) / (warmup + 1)
-            return max(0.0, (total - step) / max(1, total - warmup))
+            return max(0.0, decay(min(1.0, (step - warmup) / max(1, total - warmup))))
 
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule), steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        return _Run(optimizer, scheduler, steps, np.random.default_rng(cfg.seed), generator)
 
     def _epoch(
-        self,
-        student: ClassifierProgram,
-        inputs: list[Any],
-        targets: np.ndarray,
-        rng: Any,
-        optimizer: Any,
-        scheduler: Any,
-        epoch: int,
-        steps: int,
+        self, student: ClassifierProgram, inputs: list[Any], targets: np.ndarray, run: _Run, epoch: int
     ) -> float:
         import torch
         from tqdm.auto import tqdm
 
         cfg, net = self.config, student.network
-        order = rng.permutation(len(inputs))
+        order = run.rng.permutation(len(inputs))
         net.module.train()
         losses: list[float] = []
         bar = tqdm(
-            total=steps,
+            total=run.steps,
             desc=f"train epoch {epoch}/{cfg.epochs}",
             unit="batch",
             disable=not cfg.progress,
             leave=False,
         )
         with bar:
-            for step in range(steps):
+            for step in range(run.steps):
                 idx = order[step * cfg.batch_size : (step + 1) * cfg.batch_size]
-                logits = net.logits(net.encode([inputs[i] for i in idx]))
-                loss = torch.nn.functional.cross_entropy(logits, torch.from_numpy(targets[idx]))
+                feeds = net.encode([inputs[i] for i in idx])
+                if cfg.augment:
+                    feeds = net.augment(feeds, run.generator)
+                loss = torch.nn.functional.cross_entropy(net.logits(feeds), torch.from_numpy(targets[idx]))
                 if not torch.isfinite(loss):
                     raise TrainingError(
                         f"the loss became {loss.item()} at epoch {epoch}, step {step + 1}",
                         hint="lower --learning_rate",
                     )
-                optimizer.zero_grad(set_to_none=True)
+                run.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(net.module.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
+                run.optimizer.step()
+                run.scheduler.step()
                 losses.append(loss.item())
                 bar.update(1)
                 bar.set_postfix(loss=f"{np.mean(losses[-20:]):.4f}")
