@@ -63,7 +63,13 @@ def refiner_export(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
     import modelexport
 
-    specs = {"inputs": [{"name": "state", "shape": [3, 6]}, {"name": "context", "shape": [3, 6]}]}
+    # "dynamic_axes": {} keeps every axis fixed (a spec without it gets a dynamic batch axis)
+    specs = {
+        "inputs": [
+            {"name": "state", "shape": [3, 6], "dynamic_axes": {}},
+            {"name": "context", "shape": [3, 6], "dynamic_axes": {}},
+        ]
+    }
     return modelexport.export(make(), tmp_path_factory.mktemp("refiner"), input_specs=specs)
 
 
