@@ -10,6 +10,7 @@ import traceback
 import click
 
 from .._version import __version__
+from ..errors import ModelExportError
 from .hints import EXIT_CODES, hint_for
 
 __all__ = ["cli", "main", "COMMANDS"]
@@ -78,7 +79,6 @@ def _report(exc: BaseException) -> int:
     hint = hint_for(exc)
     if hint:
         click.echo(f"Hint: {hint}", err=True)
-    from ..errors import ModelExportError
 
     known = isinstance(exc, ModelExportError | OSError | MemoryError)
     if not known and not _STATE["debug"]:

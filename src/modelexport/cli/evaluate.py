@@ -7,6 +7,9 @@ from typing import Any
 
 import click
 
+from ..inference.evaluate import evaluate
+from ..testtime.policy import TestTimePolicy
+
 __all__ = ["evaluate_cmd"]
 
 
@@ -152,8 +155,6 @@ def evaluate_cmd(
     fmt: str,
 ) -> int:
     """Accuracy, latency p50/p95 and throughput of MODEL (folder or .onnx) with a test-time policy on --data."""
-    from ..inference.evaluate import evaluate
-    from ..testtime.policy import TestTimePolicy
 
     policy = TestTimePolicy(
         tta_transforms=tta_transforms,

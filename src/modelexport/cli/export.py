@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from ..export import ExportConfig, export, load_input_specs
+
 __all__ = ["export_cmd"]
 
 
@@ -125,7 +127,6 @@ def export_cmd(model: str, output_dir: str, **opts: Any) -> int:
     Writes OUTPUT_DIR/model.onnx, where every node carries the module that produced it, and
     OUTPUT_DIR/model_hierarchy.json; checks the model with onnx.checker and ONNX Runtime vs PyTorch.
     """
-    from ..export import ExportConfig, export, load_input_specs
 
     fmt = opts.pop("fmt")
     config = ExportConfig(

@@ -12,7 +12,9 @@ from typing import Any
 
 import click
 
+from ..batch import batch_infer
 from ..errors import ConfigError
+from ..inference import pipeline
 
 __all__ = ["infer_cmd"]
 
@@ -131,7 +133,6 @@ def _run_batch(
     as_json: bool,
     batch: dict[str, Any],
 ) -> int:
-    from ..batch import batch_infer
 
     result = batch_infer(
         model,
@@ -294,7 +295,6 @@ def infer_cmd(
 
     With --data PATH --output PRED.parquet|.jsonl: every row of a dataset, on this process or on Ray.
     """
-    from ..inference import pipeline
 
     generation = {k: options.pop(k) for k in GENERATION_KEYS}
     batch = options

@@ -11,6 +11,18 @@ from typing import Any
 
 import click
 
+from .._io import write_text
+from ..inspect.analyze import AnalyzeConfig, analyze
+from ..inspect.compare import compare
+from ..inspect.extract import call_instances, extract_module_subgraph
+from ..inspect.formats import TERMINAL_WIDTH, format_for_path, render
+from ..inspect.loading import load_tagged_model
+from ..inspect.node_data import profile_overlay, write_node_data
+from ..inspect.optimum import validate_optimum_compatibility
+from ..inspect.profile import ProfileConfig, profile
+from ..inspect.validate import repair as repair_fn
+from ..inspect.validate import validate
+
 __all__ = ["analyze_cmd", "validate_cmd", "compare_cmd", "extract_cmd", "profile_cmd"]
 
 _MODEL = click.argument("model", type=click.Path(dir_okay=True))
@@ -31,8 +43,6 @@ def _emit(
     command: str, result: Any, fmt: str | None, output: str | None, default: str, wide: bool = False
 ) -> None:
     """Render ``result`` and print it (cut to the terminal unless ``wide``), or write it whole to ``output``."""
-    from .._io import write_text
-    from ..inspect.formats import TERMINAL_WIDTH, format_for_path, render
 
     if output:
         text = render(command, fmt or format_for_path(command, output, default), result)
@@ -71,7 +81,6 @@ def analyze_cmd(
     model: str, fmt: str | None, filter_tag: str | None, depth: int | None, output: str | None, wide: bool
 ) -> int:
     """Which module owns which nodes, op types and parameters (works without the sidecar)."""
-    from ..inspect.analyze import AnalyzeConfig, analyze
 
     result = analyze(model, AnalyzeConfig(filter_tag=filter_tag, depth=depth))
     _emit("analyze", result, fmt, output, "summary", wide)
@@ -79,14 +88,6 @@ def analyze_cmd(
 
 
 def _optimum_report(folder: str, fmt: str) -> bool:
-    try:
-        from ..inspect.optimum import validate_optimum_compatibility
-    except ImportError as exc:
-        from ..errors import ConfigError
-
-        raise ConfigError(
-            f"Optimum checks are not available: {exc}", hint="pip install 'modelexport[optimum]'"
-        ) from exc
     report = validate_optimum_compatibility(folder)
     if fmt == "json":
         import json
@@ -142,9 +143,6 @@ def validate_cmd(
     fmt: str,
 ) -> int:
     """ONNX compliance, hierarchy tag grammar and tree; exit code 1 when there are findings."""
-    from ..inspect.formats import render
-    from ..inspect.validate import repair as repair_fn
-    from ..inspect.validate import validate
 
     if model is None and optimum_dir is None:
         raise click.UsageError("give MODEL, --optimum DIR, or both")
@@ -205,7 +203,6 @@ def compare_cmd(
     wide: bool,
 ) -> int:
     """Structural (and with --numeric, numerical) differences between two models."""
-    from ..inspect.compare import compare
 
     providers = tuple(p for p in (ep or "").split(",") if p.strip())
     result = compare(
@@ -225,8 +222,6 @@ def _call(value: str) -> int | str:
 
 
 def _list_modules(model: str, hierarchy: str | None) -> None:
-    from ..inspect.extract import call_instances
-    from ..inspect.loading import load_tagged_model
 
     tm = load_tagged_model(model, hierarchy=hierarchy, weights=False)
     modules = (tm.sidecar or {}).get("modules", {})
@@ -284,8 +279,6 @@ def extract_cmd(
 ) -> int:
     """Cut one module out as a standalone, runnable ONNX model (inputs/outputs = its tensor boundary)."""
     import json
-
-    from ..inspect.extract import extract_module_subgraph
 
     if list_only:
         _list_modules(model, hierarchy)
@@ -353,8 +346,6 @@ def profile_cmd(
     wide: bool,
 ) -> int:
     """Where the time goes, per module: ORT's per-node profile joined with the hierarchy tags."""
-    from ..inspect.node_data import profile_overlay, write_node_data
-    from ..inspect.profile import ProfileConfig, profile
 
     cfg = ProfileConfig(
         runs=runs, warmup=warmup, providers=ep or (), optimization=optimization, top_k=top_k, inputs=inputs

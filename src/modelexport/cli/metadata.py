@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..errors import ConfigError
+from ..metadata import read_metadata, write_metadata
 
 __all__ = ["metadata_cmd", "parse_assignment"]
 
@@ -54,7 +55,6 @@ def metadata_cmd(
     model: str, assignments: tuple[str, ...], keys: tuple[str, ...], as_json: bool, force: bool
 ) -> int:
     """Print (or edit) the metadata embedded in MODEL (a .onnx file or an export folder)."""
-    from ..metadata import read_metadata, write_metadata
 
     if assignments:
         meta = write_metadata(model, dict(parse_assignment(a) for a in assignments), verify=not force)

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..inspect.node_data import error_overlay, write_node_data
 from ..optimize.config import (
     CALIBRATE_METHODS,
     FUSION_ENGINES,
@@ -191,8 +192,6 @@ def quantize_cmd(model: str, output: str, preset: str | None, **opts: Any) -> in
     config = base.with_changes(**{k: v for k, v in opts.items() if v is not None})
     result = quantize(model, output, config, **run)
     if node_data:
-        from ..inspect.node_data import error_overlay, write_node_data
-
         write_node_data(node_data, error_overlay(result.output_path, result.error_report or []))
     click.echo(
         json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else quantize_summary(result)

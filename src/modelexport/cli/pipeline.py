@@ -131,7 +131,7 @@ def _opt(name: str, **kwargs: Any) -> Any:
 @_opt("report", default=None, help="Report JSON path [default: pipeline_report.json beside the model].")
 def pipeline_cmd(**options: Any) -> int:
     """Train a classifier with DSPy, export it, quantize it, choose its test-time policy, and report."""
-    from ..workflow import PipelineConfig, run_pipeline
+    from ..workflow import PipelineConfig, run_pipeline  # defers dspy and torch: --help stays light
 
     _logging(options["log_level"])
     config = PipelineConfig(**options)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import click
 
+from ..inspect.profile import ProfileConfig
+from ..inspect.report import ReportConfig, write_report
+
 __all__ = ["report_cmd"]
 
 
@@ -54,8 +57,6 @@ def report_cmd(
     title: str | None,
 ) -> int:
     """One HTML page (no network needed): module tree with nodes, parameters and boundaries; time; diffs."""
-    from ..inspect.profile import ProfileConfig
-    from ..inspect.report import ReportConfig, write_report
 
     profile = ProfileConfig(runs=runs, optimization=optimization, inputs=inputs) if with_profile else None
     config = ReportConfig(profile, other, numeric, error_report, inputs, title)
