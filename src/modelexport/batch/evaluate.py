@@ -131,9 +131,9 @@ def evaluate_batch(
     second of its model time (start-up excluded; ``extra`` has the wall-clock rate). Continual adaptation
     (a non-episodic policy) is refused: its one stream of batches cannot be split across workers.
     """
-    if engine == "local":
-        return evaluate(model, data, policy, batch_size, baseline, providers, order=order)
     config = BatchConfig(engine, num_workers, threads_per_worker, batch_size, address)
+    if config.engine == "local":
+        return evaluate(model, data, policy, batch_size, baseline, list(providers or ()), order=order)
     policy = policy or TestTimePolicy()
     if not policy.episodic:
         raise ConfigError(
