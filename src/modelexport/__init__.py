@@ -48,6 +48,7 @@ _LAZY: dict[str, str] = {
     "load_dataset": "modelexport.data.readers:load_dataset",
     "batch_infer": "modelexport.batch.api:batch_infer",
     "BatchResult": "modelexport.batch.api:BatchResult",
+    "evaluate_batch": "modelexport.batch.evaluate:evaluate_batch",
 }
 
 __all__ = ["__version__", "export", *sorted(_LAZY)]

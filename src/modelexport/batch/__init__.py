@@ -11,11 +11,13 @@ from __future__ import annotations
 from .api import BatchResult, batch_infer
 from .config import ENGINE_NAMES, OUTPUT_FORMATS, BatchConfig
 from .engines import ENGINES
+from .evaluate import evaluate_batch
 from .source import TABLE_READERS, read_rows
 from .worker import Predictor, WorkerSpec
 
 __all__ = [
     "batch_infer",
+    "evaluate_batch",
     "BatchResult",
     "BatchConfig",
     "ENGINE_NAMES",

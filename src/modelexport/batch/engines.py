@@ -22,7 +22,7 @@ from .config import BatchConfig
 from .source import Rows
 from .worker import Predictor, WorkerSpec
 
-__all__ = ["ENGINES", "run_local", "run_ray", "require_ray", "ray_cluster", "FAULT_TOLERANCE"]
+__all__ = ["ENGINES", "run_local", "run_ray", "require_ray", "ray_cluster", "map_actors", "FAULT_TOLERANCE"]
 
 log = logging.getLogger(__name__)
 
@@ -81,28 +81,27 @@ def ray_cluster(config: BatchConfig) -> Iterator[Any]:
         ray.shutdown()
 
 
-def _blocks(rows: Rows, config: BatchConfig) -> list[Any]:
+def _blocks(table: Any, config: BatchConfig) -> list[Any]:
     """The rows cut into blocks (whole batches) for Ray Data; made here, so no shuffle task competes with
     the actors for CPUs (on a cluster sized to the actors, it would wait forever)."""
-    per_block = math.ceil(len(rows) / (config.num_workers * _BLOCKS_PER_WORKER))
+    per_block = math.ceil(table.num_rows / (config.num_workers * _BLOCKS_PER_WORKER))
     per_block = max(1, math.ceil(per_block / config.batch_size)) * config.batch_size
-    return [rows.table.slice(s, per_block) for s in range(0, len(rows), per_block)]
+    return [table.slice(s, per_block) for s in range(0, table.num_rows, per_block)]
 
 
-def run_ray(rows: Rows, spec: WorkerSpec, config: BatchConfig) -> Iterator[Any]:
-    """``num_workers`` predictor actors over the rows; output batches in input order."""
+def map_actors(table: Any, worker: type, args: tuple[Any, ...], config: BatchConfig) -> Iterator[Any]:
+    """``config.num_workers`` actors of ``worker(*args)`` (each built once, restarted if it dies) called on
+    ``config.batch_size`` rows of ``table`` at a time; their output batches in input order."""
     with ray_cluster(config) as ray:
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True
         context.enable_progress_bars = False
-        dataset = ray.data.from_arrow(_blocks(rows, config))
-        with (
-            warnings.catch_warnings()
-        ):  # Ray >= 2.5x names these args deprecated; they are its defaults there
+        dataset = ray.data.from_arrow(_blocks(table, config))
+        with warnings.catch_warnings():  # Ray >= 2.5x names these args deprecated; they are its defaults
             warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
             predicted = dataset.map_batches(
-                Predictor,
-                fn_constructor_args=(spec,),
+                worker,
+                fn_constructor_args=args,
                 batch_size=config.batch_size,
                 batch_format="pyarrow",
                 zero_copy_batch=True,
@@ -111,6 +110,11 @@ def run_ray(rows: Rows, spec: WorkerSpec, config: BatchConfig) -> Iterator[Any]:
                 **FAULT_TOLERANCE,
             )
         yield from predicted.iter_batches(batch_size=None, batch_format="pyarrow")
+
+
+def run_ray(rows: Rows, spec: WorkerSpec, config: BatchConfig) -> Iterator[Any]:
+    """``num_workers`` predictor actors over the rows; output batches in input order."""
+    yield from map_actors(rows.table, Predictor, (spec,), config)
 
 
 #: Engine name -> run(rows, worker spec, config) yielding output batches.

@@ -30,6 +30,12 @@ def _table(result: Any) -> str:
     lines.append(f"stream order {result.order}, {mode}; collapse-guard resets: {result.resets}")
     if result.n_augmented and p.get("adaptive_threshold"):
         lines.append(f"adaptive TTA augmented {result.n_augmented} of {result.n} examples")
+    if result.extra.get("engine") == "ray":
+        x = result.extra
+        lines.append(
+            f"ray: {x['workers_seen']} worker(s) of {x['threads_per_worker']} thread(s); per s = the workers' "
+            f"summed model-time rate; wall {x['wall_seconds']} s ({x['examples_per_s_wall']} per s, start-up included)"
+        )
     if result.mean_entropy is not None:
         lines.append(f"MC dropout mean predictive entropy: {result.mean_entropy:.4f} nats")
     return "\n".join(lines)
@@ -123,6 +129,23 @@ def _table(result: Any) -> str:
     "--seed", type=int, default=0, show_default=True, help="Seed for random TTA transforms and MC dropout."
 )
 @click.option("--baseline", is_flag=True, help="Also measure the plain model.")
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help="local: this process; ray: Ray actors, the policy applied inside each (needs "
+    "'modelexport[distributed]'; not with --stream).",
+)
+@click.option("--num-workers", type=int, default=1, show_default=True, help="Ray actors (--engine ray).")
+@click.option(
+    "--threads-per-worker",
+    type=int,
+    default=1,
+    show_default=True,
+    help="ONNX Runtime threads (and CPUs reserved) per Ray actor.",
+)
+@click.option("--address", default=None, help="Ray cluster to join (auto, ray://HOST:10001); default: local.")
 @click.option("--ep", "providers", default=None, help="Execution providers in order, e.g. cuda,cpu.")
 @click.option(
     "--format",
@@ -151,6 +174,10 @@ def evaluate_cmd(
     batch_size: int,
     seed: int,
     baseline: bool,
+    engine: str,
+    num_workers: int,
+    threads_per_worker: int,
+    address: str | None,
     providers: str | None,
     fmt: str,
 ) -> int:
@@ -171,15 +198,35 @@ def evaluate_cmd(
         mc_dropout=mc_dropout,
         seed=seed,
     )
-    result = evaluate(
-        model,
-        data,
-        policy,
-        batch_size=batch_size,
-        baseline=baseline,
-        order=order,
-        stream=stream,
-        providers=[p for p in (providers or "").split(",") if p],
-    )
+    ep = [p for p in (providers or "").split(",") if p]
+    if engine == "local":
+        if num_workers != 1 or address:
+            raise click.UsageError("--num-workers and --address need --engine ray")
+        result = evaluate(
+            model,
+            data,
+            policy,
+            batch_size=batch_size,
+            baseline=baseline,
+            order=order,
+            stream=stream,
+            providers=ep,
+        )
+    else:
+        from ..batch.evaluate import evaluate_batch
+
+        result = evaluate_batch(
+            model,
+            data,
+            policy,
+            engine,
+            num_workers=num_workers,
+            threads_per_worker=threads_per_worker,
+            batch_size=batch_size,
+            address=address,
+            baseline=baseline,
+            providers=ep,
+            order=order,
+        )
     click.echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else _table(result))
     return 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,16 @@ from ..testtime.streams import Stream, StreamOrder, stream_order
 from .feeds import dataset_samples
 from .processors import BaseONNXProcessor, ONNXAutoProcessor
 
-__all__ = ["EvaluationResult", "evaluate"]
+__all__ = [
+    "EvaluationResult",
+    "evaluate",
+    "BatchMeasure",
+    "BatchMeter",
+    "summarize",
+    "prepare_batches",
+    "eval_processor",
+    "ordered",
+]
 
 
 @dataclass(frozen=True)
@@ -62,76 +70,126 @@ class EvaluationResult:
         return out
 
 
-def _prepare(
-    dataset: Dataset, model: Path, batch_size: int
-) -> tuple[list[tuple[Any, np.ndarray]], BaseONNXProcessor]:
-    """(batches of model feeds -- raw strings for text, so text TTA can augment them -- and class ids).
+def eval_processor(kind: str, sources: Any) -> Any:
+    """What turns a batch into feeds at run time: the tokenizer for raw texts (so text TTA can augment the
+    strings first), a pass-through for feeds the dataset already built."""
+    return ONNXAutoProcessor.from_sources(sources) if kind == "text" else BaseONNXProcessor(sources.inputs)
+
+
+def prepare_batches(dataset: Dataset, sources: Any, batch_size: int) -> list[tuple[Any, np.ndarray]]:
+    """(batch of model feeds -- raw strings for text -- and its class ids) per ``batch_size`` examples.
 
     Labels are the model's class ids (word labels through its ``id2label``); feeds come from the one
     dataset -> feeds path (:func:`dataset_samples`), the same as calibration and ``--eval-data``.
     """
-    sources = ONNXAutoProcessor.sources(model)
     if dataset.kind == "text":
-        processor = ONNXAutoProcessor.from_sources(sources)
         labels = np.asarray(dataset.class_ids(sources.model_config.get("id2label")), dtype=np.int64)
         texts = list(dataset.texts)
         return [
             (texts[i : i + batch_size], labels[i : i + batch_size]) for i in range(0, len(labels), batch_size)
-        ], processor
+        ]
     samples = dataset_samples(dataset, sources, len(dataset), batch_size=batch_size)
     labels = np.asarray(samples.labels, dtype=np.int64)
     bounds = np.cumsum([0] + [len(next(iter(f.values()))) for f in samples.feeds])
-    batches = [(f, labels[a:b]) for f, a, b in zip(samples.feeds, bounds[:-1], bounds[1:], strict=True)]
-    return batches, BaseONNXProcessor(sources.inputs)
+    return [(f, labels[a:b]) for f, a, b in zip(samples.feeds, bounds[:-1], bounds[1:], strict=True)]
 
 
-def _measure(
-    engine: TestTimeEngine, batches: list[Any], processor: Any, num_classes: int | None
-) -> dict[str, Any]:
-    def one(item: Any, stream: Stream) -> Any:
+@dataclass(frozen=True)
+class BatchMeasure:
+    """One batch's measurement; the metrics are sums over these, so batches measured in several workers
+    add up to the same accuracy and ``n`` as one process."""
+
+    correct: int
+    n: int
+    seconds: float
+    n_views: int = 1
+    n_augmented: int = 0
+    entropy_sum: float = 0.0
+    entropy_count: int = 0
+    #: Collapse-guard resets during this batch.
+    resets: int = 0
+
+
+class BatchMeter:
+    """Runs batches through one engine on one stream and measures each (the first call warms the session
+    up on its own stream, untimed)."""
+
+    def __init__(self, engine: TestTimeEngine, processor: Any, num_classes: int | None) -> None:
+        self.engine, self.processor, self.num_classes = engine, processor, num_classes
+        self.stream: Stream | None = None
+
+    def _one(self, item: Any, stream: Stream) -> Any:
+        engine = self.engine
         if isinstance(item, list):  # texts: TTA augments the strings, then tokenizes
             if engine.policy.tta_transforms:
-                return engine.predict_texts(item, processor)
-            return engine.run(_select(processor(texts=item), engine), stream)
+                return engine.predict_texts(item, self.processor)
+            return engine.run(_select(self.processor(texts=item), engine), stream)
         return engine.run(_select(item, engine), stream)
 
-    one(batches[0][0], engine.new_stream())  # warm-up (session allocation), not timed, on its own stream
-    stream = engine.new_stream()  # every batch of the run: one stream (continual policies adapt along it)
-    correct, n, times, views, augmented, entropies = 0, 0, [], 1, 0, []
-    for item, labels in batches:
+    def measure(self, item: Any, labels: np.ndarray) -> BatchMeasure:
+        if self.stream is None:
+            self._one(item, self.engine.new_stream())  # warm-up (session allocation)
+            self.stream = self.engine.new_stream()  # all later batches: one stream (continual policies)
+        resets = self.stream.resets
         start = time.perf_counter()
-        result = one(item, stream)
-        times.append(time.perf_counter() - start)
+        result = self._one(item, self.stream)
+        seconds = time.perf_counter() - start
         probs = result if isinstance(result, np.ndarray) else result.probs
         if probs.ndim != 2:
             raise TestTimeError(
                 f"evaluate measures classifiers (N, C) outputs; the model gives shape {list(probs.shape)}"
             )
-        if num_classes is not None and probs.shape[1] < num_classes:
-            raise DatasetError(f"the data has {num_classes} classes but the model predicts {probs.shape[1]}")
-        correct += int((probs.argmax(axis=1) == labels).sum())
-        n += len(labels)
-        if not isinstance(result, np.ndarray):
-            views, augmented = result.n_views, augmented + result.n_augmented
-            if result.uncertainty is not None:
-                entropies.append(result.uncertainty.entropy)
-    ms = np.asarray(times) * 1000.0
+        if self.num_classes is not None and probs.shape[1] < self.num_classes:
+            raise DatasetError(
+                f"the data has {self.num_classes} classes but the model predicts {probs.shape[1]}"
+            )
+        plain = isinstance(result, np.ndarray)
+        entropy = None if plain or result.uncertainty is None else result.uncertainty.entropy
+        return BatchMeasure(
+            correct=int((probs.argmax(axis=1) == labels).sum()),
+            n=len(labels),
+            seconds=seconds,
+            n_views=1 if plain else result.n_views,
+            n_augmented=0 if plain else result.n_augmented,
+            entropy_sum=0.0 if entropy is None else float(np.sum(entropy)),
+            entropy_count=0 if entropy is None else int(np.size(entropy)),
+            resets=self.stream.resets - resets,
+        )
+
+
+def summarize(measures: list[BatchMeasure], busy_seconds: float | None = None) -> dict[str, Any]:
+    """The metrics of a run from its batches: accuracy, latency p50/p95 per batch, throughput (examples
+    per second of model time: ``busy_seconds``, the batches' summed time unless given), ``n``..."""
+    n = sum(m.n for m in measures)
+    ms = np.asarray([m.seconds for m in measures]) * 1000.0
+    busy = float(sum(m.seconds for m in measures)) if busy_seconds is None else busy_seconds
+    counted = sum(m.entropy_count for m in measures)
     return {
-        "accuracy": round(correct / n, 6),
+        "accuracy": round(sum(m.correct for m in measures) / n, 6),
         "latency_ms_p50": round(float(np.percentile(ms, 50)), 4),
         "latency_ms_p95": round(float(np.percentile(ms, 95)), 4),
-        "throughput_per_s": round(n / float(np.sum(times)), 2),
+        "throughput_per_s": round(n / busy, 2),
         "n": n,
-        "n_views": views,
-        "n_augmented": augmented,
-        "mean_entropy": round(float(np.concatenate(entropies).mean()), 6) if entropies else None,
-        "resets": stream.resets,
+        "n_views": max(m.n_views for m in measures),
+        "n_augmented": sum(m.n_augmented for m in measures),
+        "mean_entropy": round(sum(m.entropy_sum for m in measures) / counted, 6) if counted else None,
+        "resets": sum(m.resets for m in measures),
     }
 
 
 def _select(feeds: dict[str, np.ndarray], engine: TestTimeEngine) -> dict[str, np.ndarray]:
     names = [i.name for i in engine.inputs]
     return {k: v for k, v in feeds.items() if k in names}
+
+
+def ordered(data: Any, order: StreamOrder) -> Dataset:
+    """``data`` (a path, spec or Dataset) loaded, its examples in the stream ``order``."""
+    dataset = data if isinstance(data, Dataset) else load_dataset(str(data))
+    if order.kind == "as-is":
+        return dataset
+    if dataset.labels is None:
+        raise DatasetError(f"--order {order} needs labelled data; {dataset.source} has no labels")
+    return dataset.subset(order.indices(dataset.labels))
 
 
 def evaluate(
@@ -157,17 +215,14 @@ def evaluate(
         policy = policy.with_changes(episodic=False)
     order = stream_order(order, policy.seed)
     path = resolve_model_path(model)
-    dataset = data if isinstance(data, Dataset) else load_dataset(str(data))
-    if order.kind != "as-is":
-        if dataset.labels is None:
-            raise DatasetError(f"--order {order} needs labelled data; {dataset.source} has no labels")
-        dataset = dataset.subset(order.indices(dataset.labels))
+    dataset = ordered(data, order)
     runs = [(policy, torch_model)] + ([(TestTimePolicy(), None)] if baseline else [])
     results: list[EvaluationResult] = []
     for pol, tm in runs:
         engine = TestTimeEngine(path, pol, providers, torch_model=tm)
-        batches, processor = _prepare(dataset, path, batch_size)
-        measured = _measure(engine, batches, processor, dataset.num_classes)
+        sources = ONNXAutoProcessor.sources(path)
+        meter = BatchMeter(engine, eval_processor(dataset.kind, sources), dataset.num_classes)
+        measured = summarize([meter.measure(*b) for b in prepare_batches(dataset, sources, batch_size)])
         results.append(
             EvaluationResult(
                 batch_size=batch_size,
