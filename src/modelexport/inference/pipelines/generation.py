@@ -132,6 +132,9 @@ class TextGenerationPipeline(ONNXPipeline):
 
     def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
         super().__init__(session, processor, **kwargs)
+        full = getattr(getattr(processor, "tokenizer", None), "full", None)
+        if callable(full):  # decoding, chat templates and padding-side switches need transformers' tokenizer
+            processor.tokenizer = full()
         self.record: dict[str, Any] = dict(self.metadata.get(KEY_GENERATION) or {})
         self.generation_config = self._generation_config()
         names = [i.name for i in session.get_inputs()]

@@ -142,6 +142,28 @@ class TokenClassificationPipeline(ONNXPipeline):
         return results
 
 
+def _softmax_masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    masked = np.where(allowed, logits, -10000.0)
+    out = np.exp(masked - masked.max())
+    return out / out.sum()
+
+
+def best_span(
+    start: np.ndarray, end: np.ndarray, allowed: np.ndarray, max_answer_len: int
+) -> tuple[int, int, float]:
+    """(start, end, score) of the best answer span of one sequence: transformers' ``select_starts_ends`` and
+    ``decode_spans`` with top_k=1, here so that question answering does not import transformers' pipelines
+    (and torch with them). ``allowed``: context tokens (and CLS) that are not padding."""
+    s, e = _softmax_masked(start, allowed), _softmax_masked(end, allowed)
+    s[0] = e[0] = 0.0
+    candidates = np.tril(np.triu(np.outer(s, e)), max_answer_len - 1)
+    i, j = np.unravel_index(int(np.argmax(candidates)), candidates.shape)
+    ok = set(np.flatnonzero(allowed).tolist()) | ({0} if allowed.any() else set())  # transformers' isin quirk
+    if i not in ok or j not in ok:
+        return 0, 0, 0.0
+    return int(i), int(j), float(candidates[i, j])
+
+
 @register_pipeline("question-answering")
 class QuestionAnsweringPipeline(ONNXPipeline):
     """``{'score', 'start', 'end', 'answer'}`` per (question, context), with transformers' span decoding."""
@@ -172,8 +194,6 @@ class QuestionAnsweringPipeline(ONNXPipeline):
         handle_impossible_answer: bool = False,
         **kwargs: Any,
     ) -> list[Any]:
-        from transformers.pipelines.question_answering import select_starts_ends
-
         questions = [str(it["question"]) for it in items]
         contexts = [str(it["context"]) for it in items]
         enc = self.processor.encode(
@@ -188,17 +208,9 @@ class QuestionAnsweringPipeline(ONNXPipeline):
             ids = enc["input_ids"][i]
             if cls_id is not None:
                 p_mask[np.flatnonzero(ids == cls_id)] = 0
-            starts, ends, scores, _ = select_starts_ends(
-                start_logits[i : i + 1],
-                end_logits[i : i + 1],
-                p_mask[None],
-                enc["attention_mask"][i : i + 1],
-                1_000_000,
-                1,
-                handle_impossible_answer,
-                max_answer_len,
-            )
+            allowed = (p_mask == 0) & (enc["attention_mask"][i] != 0)
+            first, last, score = best_span(start_logits[i], end_logits[i], allowed, max_answer_len)
             offsets = enc["offset_mapping"][i]
-            s, e = int(offsets[starts[0]][0]), int(offsets[ends[0]][1])
-            results.append({"score": float(scores[0]), "start": s, "end": e, "answer": context[s:e]})
+            s, e = int(offsets[first][0]), int(offsets[last][1])
+            results.append({"score": score, "start": s, "end": e, "answer": context[s:e]})
         return results

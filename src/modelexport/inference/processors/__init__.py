@@ -5,11 +5,13 @@ from __future__ import annotations
 from .audio import ONNXFeatureExtractor, read_audio
 from .auto import PROCESSORS, ONNXAutoProcessor, ONNXProcessor, ProcessorSources, register_processor
 from .base import BaseONNXProcessor
+from .fast_tokenizer import FastTokenizer
 from .image import ONNXImageProcessor, to_array
 from .text import ONNXTokenizer, load_tokenizer
 
 __all__ = [
     "BaseONNXProcessor",
+    "FastTokenizer",
     "ONNXAutoProcessor",
     "ONNXFeatureExtractor",
     "ONNXImageProcessor",

@@ -10,6 +10,7 @@ import numpy as np
 from ...errors import MetadataError
 from ..graph import GraphInput
 from .base import BaseONNXProcessor
+from .fast_tokenizer import FastTokenizer
 
 __all__ = ["ONNXTokenizer", "load_tokenizer"]
 
@@ -17,9 +18,11 @@ _NO_LIMIT = 1_000_000
 
 
 def load_tokenizer(folder: Path | None) -> Any:
-    """The transformers tokenizer saved beside the model; MetadataError when there is none."""
-    from transformers import AutoTokenizer
+    """The tokenizer saved beside the model; MetadataError when there is none.
 
+    A folder with ``tokenizer.json`` gets :class:`FastTokenizer` (no torch or transformers import, the
+    same feeds); others, and configs it does not cover, get transformers' ``AutoTokenizer``.
+    """
     if folder is None or not any(
         (folder / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
     ):
@@ -27,6 +30,11 @@ def load_tokenizer(folder: Path | None) -> Any:
             f"the model needs a tokenizer but {folder or 'its folder'} has no tokenizer files",
             hint="export from a Hugging Face folder that has its tokenizer, or pass data_processor=tokenizer",
         )
+    fast = FastTokenizer.from_folder(folder)
+    if fast is not None:
+        return fast
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except (OSError, ValueError) as exc:
