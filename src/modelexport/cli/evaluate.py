@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..batch.evaluate import evaluate_batch
 from ..inference.evaluate import evaluate
 from ..testtime.policy import TestTimePolicy
 
@@ -213,8 +214,6 @@ def evaluate_cmd(
             providers=ep,
         )
     else:
-        from ..batch.evaluate import evaluate_batch
-
         result = evaluate_batch(
             model,
             data,
