@@ -6,22 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tests.models.hf_models import HF_TINY
+
 __all__ = ["GRID", "FAST", "save_tiny", "tiny_config"]
 
 _T = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37)
 _TEXT = dict(_T, vocab_size=99, max_position_embeddings=64)
 _DEC = dict(_TEXT, num_key_value_heads=1)
-_S2S = dict(
-    vocab_size=99,
-    d_model=32,
-    encoder_layers=1,
-    decoder_layers=1,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=37,
-    decoder_ffn_dim=37,
-    max_position_embeddings=64,
-)
+_S2S = HF_TINY["bart"][2]  # the encoder-decoder config every seq2seq family shares
 _VIT = dict(_T, image_size=32, patch_size=8)
 _WAV = dict(
     _T,

@@ -14,7 +14,7 @@ from .._io import read_json_object
 from ..errors import OutputWriteError
 from ..hierarchy.sidecar import SIDECAR_NAME
 from ..metadata.build import PROCESSOR_FILES
-from ..metadata.package import EXPORT_METADATA_FILE
+from ..onnxfile import PACKAGE_MANIFEST
 
 __all__ = ["PACKAGE_FILES_KEY", "plan_replacement", "remove_stale"]
 
@@ -36,7 +36,7 @@ def _previous_export_files(folder: Path) -> set[str]:
     listed = export.get(PACKAGE_FILES_KEY)
     if isinstance(listed, list):
         return {str(n) for n in listed} | {SIDECAR_NAME}
-    return {SIDECAR_NAME, EXPORT_METADATA_FILE, "model.onnx", "model.onnx.data", "export_report.md"}
+    return {SIDECAR_NAME, PACKAGE_MANIFEST, "model.onnx", "model.onnx.data", "export_report.md"}
 
 
 def _looks_like_model_file(name: str) -> bool:

@@ -12,11 +12,10 @@ from typing import Any
 
 from .._io import write_json
 from ..errors import MetadataError
+from ..onnxfile import PACKAGE_MANIFEST
 from .build import PROCESSOR_FILES, complete_processor_config
 
-__all__ = ["EXPORT_METADATA_FILE", "safe_join", "write_package_files", "processor_file_names"]
-
-EXPORT_METADATA_FILE = "export_metadata.json"
+__all__ = ["safe_join", "write_package_files", "processor_file_names"]
 _PREPROCESSOR_FILE = "preprocessor_config.json"
 
 
@@ -100,7 +99,7 @@ def write_package_files(ctx: Any) -> list[str]:
             "stats": ctx.extra.get("metadata_stats"),
             "files": sorted({*written, *ctx.extra.get("package_files", ())}),  # + files earlier passes wrote
         }
-        write_json(ctx.staging_dir / EXPORT_METADATA_FILE, doc)
-        written.append(EXPORT_METADATA_FILE)
-        ctx.files["export_metadata"] = EXPORT_METADATA_FILE
+        write_json(ctx.staging_dir / PACKAGE_MANIFEST, doc)
+        written.append(PACKAGE_MANIFEST)
+        ctx.files["export_metadata"] = PACKAGE_MANIFEST
     return written

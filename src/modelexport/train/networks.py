@@ -225,13 +225,11 @@ class ImageClassifier(Network):
     input_field = "image"
 
     def __post_init__(self) -> None:
-        if self.module is None:
-            from .cnn import CompactCNN  # defers torch: the CLI lists the networks without it
+        from .cnn import AFFINE_PRESETS, CompactCNN  # defers torch: the CLI lists the networks without it
 
+        if self.module is None:
             self.module = CompactCNN(self.channels, len(self.id2label), self.image_size)
         if self.augmentation is None:
-            from .cnn import AFFINE_PRESETS
-
             self.augmentation = AFFINE_PRESETS["light"]
 
     def encode(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
