@@ -9,11 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# The subpackage ``modelexport.export`` and the function ``modelexport.export`` share a name: import the
-# (torch-free) subpackage first so that binding happens now, then bind the name to the function.
-from . import export as _export_package  # noqa: F401
+# ``modelexport.export`` is the export subpackage, callable as the export function (see its docstring): it
+# loads the exporter on first call, so importing it here costs nothing.
+from . import export
 from ._version import __version__
-from .export.api import export
 
 #: Public name -> "module:attribute" (resolved on first access).
 _LAZY: dict[str, str] = {
