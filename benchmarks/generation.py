@@ -10,6 +10,8 @@ The engines run interleaved round-robin in one process with the same thread coun
     python benchmarks/generation.py [--repeats 3] [--threads 1] [--layers 12]
 
 Targets (issue 15): per-token latency at batch 1 <= 1.0x Optimum and <= 0.5x transformers eager.
+Also measured (``--no-int8`` skips them): ours int8 (``export --optimize O2 --quantize dynamic``, the
+deployment path) against Optimum's own dynamic int8 (``ORTQuantizer``, per-channel) and against eager fp32.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def _source(root: Path, layers: int) -> Path:
     return folder
 
 
-def _exports(src: Path, root: Path) -> tuple[Path, Path, dict[str, float]]:
+def _exports(src: Path, root: Path, int8: bool) -> tuple[Path, Path, dict[str, float]]:
     import modelexport
 
     ours, theirs, seconds = root / "ours", root / "optimum", {}
@@ -72,6 +74,12 @@ def _exports(src: Path, root: Path) -> tuple[Path, Path, dict[str, float]]:
         start = time.perf_counter()
         modelexport.export(src, ours, task="text-generation-with-past")
         seconds["ours"] = time.perf_counter() - start
+    if int8 and not (root / "ours_int8" / "model_dynamic.onnx").is_file():
+        start = time.perf_counter()  # the deployment path: -O2 fusion, then dynamic int8 of the fused graph
+        modelexport.export(
+            src, root / "ours_int8", task="text-generation-with-past", optimize="O2", quantize="dynamic"
+        )
+        seconds["ours_int8"] = time.perf_counter() - start
     if not (theirs / "model.onnx").is_file():
         start = time.perf_counter()
         cli = Path(sys.executable).with_name("optimum-cli")
@@ -81,10 +89,31 @@ def _exports(src: Path, root: Path) -> tuple[Path, Path, dict[str, float]]:
             capture_output=True,
         )
         seconds["optimum"] = time.perf_counter() - start
+    if int8 and not (root / "optimum_int8" / "model_quantized.onnx").is_file():
+        start = time.perf_counter()
+        _optimum_int8(theirs, root / "optimum_int8")
+        seconds["optimum_int8"] = time.perf_counter() - start
     return ours, theirs, seconds
 
 
-def _engines(src: Path, ours: Path, theirs: Path, threads: int) -> dict[str, Callable[[Any, Any, int], Any]]:
+def _optimum_int8(theirs: Path, out: Path) -> None:
+    """Optimum's own dynamic int8 (``ORTQuantizer``, per-channel int8 weights as ours) of its export."""
+    import shutil
+
+    from optimum.onnxruntime import ORTQuantizer
+    from optimum.onnxruntime.configuration import AutoQuantizationConfig
+
+    quantizer = ORTQuantizer.from_pretrained(str(theirs), file_name="model.onnx")
+    config = AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=True)
+    quantizer.quantize(save_dir=str(out), quantization_config=config)
+    for extra in theirs.iterdir():  # tokenizer and generation config beside the quantized graph
+        if extra.suffix != ".onnx" and extra.is_file() and not (out / extra.name).exists():
+            shutil.copy2(extra, out / extra.name)
+
+
+def _engines(
+    src: Path, ours: Path, theirs: Path, threads: int, int8: bool
+) -> dict[str, Callable[[Any, Any, int], Any]]:
     import onnxruntime
     import torch
     import transformers
@@ -95,8 +124,12 @@ def _engines(src: Path, ours: Path, theirs: Path, threads: int) -> dict[str, Cal
 
     torch.set_num_threads(threads)
     cfg = SessionConfig(intra_op_num_threads=threads, inter_op_num_threads=1)
-    pipe = modelexport.pipeline("text-generation", model=ours, session_config=cfg)
-    pipe.generation_config["eos_token_id"] = None  # always make every token
+
+    def ours_pipe(model: Path) -> Callable[[Any, Any, int], Any]:
+        pipe = modelexport.pipeline("text-generation", model=model, session_config=cfg)
+        pipe.generation_config["eos_token_id"] = None  # always make every token
+        return lambda ids, mask, n: pipe.generate(ids, mask, pipe.settings(max_new_tokens=n))
+
     so = onnxruntime.SessionOptions()
     so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
     optimum_model = ORTModelForCausalLM.from_pretrained(str(theirs), session_options=so)
@@ -115,11 +148,15 @@ def _engines(src: Path, ours: Path, theirs: Path, threads: int) -> dict[str, Cal
 
         return run
 
-    return {
-        "ours": lambda ids, mask, n: pipe.generate(ids, mask, pipe.settings(max_new_tokens=n)),
-        "optimum": hf(optimum_model),
-        "transformers_eager": hf(eager),
-    }
+    engines = {"ours": ours_pipe(ours), "optimum": hf(optimum_model), "transformers_eager": hf(eager)}
+    if int8:
+        engines["ours_int8"] = ours_pipe(ours.with_name("ours_int8") / "model_dynamic.onnx")
+        engines["optimum_int8"] = hf(
+            ORTModelForCausalLM.from_pretrained(
+                str(theirs.with_name("optimum_int8")), file_name="model_quantized.onnx", session_options=so
+            )
+        )
+    return engines
 
 
 def _measure(engines: dict[str, Any], batch: int, vocab: int, repeats: int) -> dict[str, Any]:
@@ -158,6 +195,14 @@ def _measure(engines: dict[str, Any], batch: int, vocab: int, repeats: int) -> d
             result["ours"]["ttft_ms"] / result["transformers_eager"]["ttft_ms"], 3
         ),
     }
+    if "ours_int8" in result:
+        int8 = result["ours_int8"]["per_token_ms"]
+        result["ratios"]["int8_per_token_vs_optimum_int8"] = round(
+            int8 / result["optimum_int8"]["per_token_ms"], 3
+        )
+        result["ratios"]["int8_per_token_vs_transformers_eager_fp32"] = round(
+            int8 / result["transformers_eager"]["per_token_ms"], 3
+        )
     return result
 
 
@@ -168,11 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--workdir", default=None, help="keep the models here (reused when present)")
+    parser.add_argument("--no-int8", action="store_true", help="skip the int8 engines (ours and Optimum's)")
     args = parser.parse_args(argv)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="gen-bench-"))
     src = _source(root, args.layers)
-    ours, theirs, export_s = _exports(src, root)
-    engines = _engines(src, ours, theirs, args.threads)
+    ours, theirs, export_s = _exports(src, root, not args.no_int8)
+    engines = _engines(src, ours, theirs, args.threads, not args.no_int8)
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(src)
@@ -196,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write_results("generation", payload)
     print(f"{params / 1e6:.0f}M parameters; cache {cache_bytes / 1024:.0f} KiB per token per sequence (fp32)")
     for batch, r in results.items():
-        for name in ("ours", "optimum", "transformers_eager"):
+        for name in (k for k in r if k != "ratios"):
             print(
                 f"batch {batch:>2} {name:<19} ttft {r[name]['ttft_ms']:8.1f} ms   per token {r[name]['per_token_ms']:7.2f} ms"
             )
