@@ -257,6 +257,77 @@ def test_whisper_exports_three_graphs_and_decodes_like_transformers(whisper: Any
     assert set(text) == {"text"} and text["text"]
 
 
+#: A real Whisper checkpoint's prompt fields, on ids of the tiny model's (MiniLM) vocabulary.
+_LANGS = {"<|en|>": 2000, "<|fr|>": 2001, "<|de|>": 2002}
+_TASKS = {"transcribe": 2010, "translate": 2011}
+
+
+def _checkpoint_like(src: Path, out: Path, tmp_path: Path, **fields: Any) -> tuple[Path, Any]:
+    """A copy of the exported package whose generation_config.json describes a prompted, multilingual
+    decoder like a real checkpoint's (languages, tasks, no-timestamps, suppressed tokens)."""
+    import shutil
+
+    import transformers
+
+    folder = Path(shutil.copytree(out, tmp_path / "pkg"))
+    config = transformers.GenerationConfig.from_pretrained(str(src))
+    values = dict(lang_to_id=_LANGS, task_to_id=_TASKS, no_timestamps_token_id=2020, is_multilingual=True)
+    for key, value in {**values, **fields}.items():
+        setattr(config, key, value)
+    config.save_pretrained(str(folder))
+    return folder, config
+
+
+@pytest.mark.parametrize(
+    ("fields", "kwargs"),
+    [
+        ({}, {}),  # language detected from the first step, no task token, no-timestamps
+        ({}, {"language": "fr", "task": "translate"}),
+        ({"forced_decoder_ids": [[1, None], [2, _TASKS["transcribe"]]]}, {}),  # legacy configs
+        ({"lang_to_id": {"<|en|>": 2000}}, {"language": "en"}),  # one language: transcribe added
+    ],
+)
+def test_whisper_prompt_and_suppressed_tokens_follow_transformers_generate(
+    whisper: Any, tmp_path: Path, fields: dict[str, Any], kwargs: dict[str, Any]
+) -> None:
+    import torch
+    import transformers
+
+    src, out, _ = whisper
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(str(src)).eval()
+    features = transformers.WhisperFeatureExtractor.from_pretrained(str(src))(
+        _waves(), sampling_rate=16000, return_tensors="pt"
+    )["input_features"]
+    with torch.no_grad():  # the tokens the model picks unsuppressed: suppress the commonest of them
+        plain = model.generate(features, max_new_tokens=8).numpy()
+    common = np.bincount(plain[:, 1:].ravel()).argsort()[::-1][:2].tolist()
+    folder, config = _checkpoint_like(
+        src, out, tmp_path, suppress_tokens=[common[0]], begin_suppress_tokens=[common[1]], **fields
+    )
+    with torch.no_grad():  # the whole decoder sequence: prompt, then the generated tokens
+        ref = model.generate(
+            features, generation_config=config, max_new_tokens=8, return_dict_in_generate=True, **kwargs
+        ).sequences.numpy()
+    pipe = pipeline(model=folder)
+    ours = pipe.generate_from(pipe.processor(audio=_waves()), pipe.settings(max_new_tokens=8), **kwargs)
+    np.testing.assert_array_equal(ours, ref)
+    assert ours.shape[1] > 9  # a prompt longer than the start token
+    assert common[0] not in ours[:, 1:].tolist()
+    assert pipe(_waves()[0], max_new_tokens=4, generate_kwargs=kwargs)["text"] is not None
+
+
+def test_whisper_refuses_timestamps_and_unknown_languages(whisper: Any, tmp_path: Path) -> None:
+    src, out, _ = whisper
+    folder, _ = _checkpoint_like(src, out, tmp_path)
+    pipe = pipeline(model=folder)
+    with pytest.raises(ConfigError, match="return_timestamps"):
+        pipe(_waves()[0], return_timestamps=True)
+    with pytest.raises(ConfigError, match="languages"):
+        pipe(_waves()[0], language="xx")
+    with pytest.raises(ConfigError, match="task"):
+        pipe(_waves()[0], task="summarize")
+
+
 def test_each_graph_has_the_topology_of_a_plain_export(t5_with_past: Any, tmp_path: Path) -> None:
     src, _, _ = t5_with_past
     result = export(src, tmp_path / "out", task="text2text-generation-with-past", verify_topology=True)

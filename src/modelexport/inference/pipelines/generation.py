@@ -16,8 +16,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..._io import read_json_object
 from ..._numeric import softmax
-from ...errors import ConfigError, InferenceError
+from ...errors import ConfigError, InferenceError, MetadataError
 from ...metadata.schema import KEY_GENERATION
 from .base import ONNXPipeline, register_pipeline
 
@@ -40,8 +41,14 @@ class GenerationSettings:
     repetition_penalty: float = 1.0
     num_beams: int = 1
     seed: int | None = None
+    #: Never generated (transformers' ``suppress_tokens``); ids outside the vocabulary are ignored, as there.
+    suppress_tokens: tuple[int, ...] = ()
+    #: Not generated as the first new token (``begin_suppress_tokens``: Whisper's blank and EOS).
+    begin_suppress_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in ("suppress_tokens", "begin_suppress_tokens"):
+            object.__setattr__(self, name, tuple(int(t) for t in getattr(self, name) or ()))
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature <= 0:
@@ -58,9 +65,19 @@ class GenerationSettings:
             raise ConfigError("beam search with sampling is not supported; use num_beams=1 with do_sample")
 
 
-def process_scores(scores: np.ndarray, sequences: np.ndarray, s: GenerationSettings) -> np.ndarray:
-    """transformers' order: repetition penalty, then (sampling only) temperature, top-k, top-p."""
+def _suppress(scores: np.ndarray, tokens: tuple[int, ...]) -> None:
+    ids = [t for t in tokens if 0 <= t < scores.shape[-1]]
+    if ids:
+        scores[:, ids] = -np.inf
+
+
+def process_scores(
+    scores: np.ndarray, sequences: np.ndarray, s: GenerationSettings, first: bool = False
+) -> np.ndarray:
+    """transformers' order: suppressed tokens (``first``: the first new token also drops
+    ``begin_suppress_tokens``), repetition penalty, then (sampling only) temperature, top-k, top-p."""
     scores = scores.astype(np.float32, copy=True)
+    _suppress(scores, s.suppress_tokens + (s.begin_suppress_tokens if first else ()))
     if s.repetition_penalty != 1.0:
         rows = np.arange(len(scores))[:, None]
         seen = scores[rows, sequences]
@@ -189,12 +206,16 @@ class TextGenerationPipeline(ONNXPipeline):
 
     # ------------------------------------------------------------------------------------------ config
     def _generation_config(self) -> dict[str, Any]:
-        """generation_config.json beside the model, else the embedded copy, else the model config's ids."""
+        """generation_config.json beside the model, else the embedded copy, else the model config's ids.
+
+        The file is read as it is (not through ``transformers.GenerationConfig``, which drops the fields it
+        does not know when the file says ``_from_model_config``: Whisper's ``lang_to_id``, ``task_to_id``...).
+        """
         folder = Path(self.model_path).parent if self.model_path else None
         if folder is not None and (folder / "generation_config.json").is_file():
-            from transformers import GenerationConfig
-
-            return GenerationConfig.from_pretrained(str(folder)).to_dict()
+            return read_json_object(
+                folder / "generation_config.json", MetadataError, hint="fix or remove generation_config.json"
+            )
         if self.record.get("generation_config"):
             return dict(self.record["generation_config"])
         return {k: self.model_config.get(k) for k in ("eos_token_id", "pad_token_id", "bos_token_id")}
@@ -217,6 +238,8 @@ class TextGenerationPipeline(ONNXPipeline):
             top_p=float(g.get("top_p") or 1.0),
             repetition_penalty=float(g.get("repetition_penalty") or 1.0),
             num_beams=int(g.get("num_beams") or 1),
+            suppress_tokens=tuple(int(t) for t in g.get("suppress_tokens") or ()),
+            begin_suppress_tokens=tuple(int(t) for t in g.get("begin_suppress_tokens") or ()),
         )
         unknown = set(given) - set(GenerationSettings.__dataclass_fields__)
         if unknown:
@@ -310,9 +333,9 @@ class TextGenerationPipeline(ONNXPipeline):
         past = self._begin(ids, mask, context)
         unfinished = np.ones(len(ids), dtype=bool)
         new = ids.shape[1]
-        for _ in range(settings.max_new_tokens):
+        for step in range(settings.max_new_tokens):
             scores, past = self._advance(ids, mask, new, past)
-            scores = process_scores(scores, ids, settings)
+            scores = process_scores(scores, ids, settings, first=step == 0)
             if settings.do_sample:
                 probs = softmax(scores)
                 tokens = np.array([rng.choice(len(p), p=p / p.sum()) for p in probs], dtype=np.int64)
@@ -373,7 +396,7 @@ class TextGenerationPipeline(ONNXPipeline):
         new = length
         for step in range(s.max_new_tokens):
             scores, past = self._advance(ids, mask, new, past)
-            logp = _log_softmax(process_scores(scores, ids, s)) + beam_scores.reshape(-1, 1)
+            logp = _log_softmax(process_scores(scores, ids, s, first=step == 0)) + beam_scores.reshape(-1, 1)
             vocab = logp.shape[-1]
             flat = logp.reshape(batch, beams * vocab)
             rows, tokens = self._select_beams(flat, ids, beam_scores, done, step + 1)

@@ -7,6 +7,12 @@ later one ``decoder_with_past_model.onnx`` with the self-attention cache of the 
 (greedy, sampling, beams, repetition penalty, EOS, padding of finished rows) is the text-generation
 pipeline's own loop: this class only supplies the steps, from the decoder's start token, as transformers'
 ``generate`` does for encoder-decoder models.
+
+A generation config that describes a prompted decoder (``lang_to_id``, ``task_to_id``,
+``no_timestamps_token_id``, ``forced_decoder_ids``: Whisper checkpoints) gets transformers' prompt: the
+start token, the language (given, forced, or detected from the first step's scores over the language
+tokens), the task, and the no-timestamps token; ``suppress_tokens`` / ``begin_suppress_tokens`` are the
+decoding loop's, as for every model.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...errors import MetadataError
+from ...errors import ConfigError, MetadataError
 from ...onnxfile import package_components
 from ...runtime.session import create_session
 from ..processors.text import load_tokenizer
@@ -117,23 +123,102 @@ class _EncoderDecoder(TextGenerationPipeline):
         }
         return _State(past.encoder, moved)
 
+    # ---------------------------------------------------------------------------------- the prompt
+    def _forced_tokens(self) -> list[int | None]:
+        """The legacy ``forced_decoder_ids`` ([position, token] from position 1 on) after the start token."""
+        forced = self.generation_config.get("forced_decoder_ids") or self.model_config.get(
+            "forced_decoder_ids"
+        )
+        tokens: list[int | None] = []
+        for position, token in forced or ():
+            if position != len(tokens) + 1:
+                raise MetadataError(
+                    f"forced_decoder_ids {forced} do not follow the decoder prompt (positions 1, 2, ...)",
+                    hint="set language= and task= instead, or fix generation_config.json",
+                )
+            tokens.append(token)
+        return tokens
+
+    def _language_id(self, language: str) -> int:
+        table: dict[str, int] = self.generation_config.get("lang_to_id") or {}
+        if not table:
+            raise ConfigError("language= needs a model whose generation config has lang_to_id")
+        token = language if language.startswith("<|") else f"<|{language.lower()}|>"
+        if token not in table:
+            codes = ", ".join(sorted(t.strip("<|>") for t in table)[:20])
+            raise ConfigError(
+                f"language {language!r} is not one of this model's languages", hint=f"use a code: {codes}"
+            )
+        return int(table[token])
+
+    def _detect_language(self, feeds: dict[str, np.ndarray], batch: int) -> np.ndarray:
+        """Per row, the language token scored highest after the start token (transformers' detect_language)."""
+        start = np.full((batch, 1), self.start_id, dtype=np.int64)
+        scores, _ = self._advance(start, np.ones_like(start), 1, self._begin(start, start, feeds))
+        ids = np.array(sorted(int(i) for i in self.generation_config["lang_to_id"].values()))
+        return ids[scores[:, ids].argmax(-1)]
+
+    def decoder_prompt(
+        self, feeds: dict[str, np.ndarray], batch: int, language: str | None = None, task: str | None = None
+    ) -> np.ndarray:
+        """The decoder's first tokens per row, as transformers' ``generate`` builds them from the generation
+        config: start token [+ language] [+ task] [+ no-timestamps]; the start token alone for other models."""
+        g = self.generation_config
+        tasks: dict[str, int] = g.get("task_to_id") or {}
+        if (language or task) and g.get("is_multilingual") is False:
+            raise ConfigError("language= and task= need a multilingual model; this one is English-only")
+        if task is not None and task not in tasks:
+            raise ConfigError(f"task {task!r} is not one of {sorted(tasks) or 'this model'}'s decoder tasks")
+        head: list[int | None] = [
+            self.start_id,
+            *(self._forced_tokens() if language is None and task is None else []),
+        ]
+        langs: Any = None
+        if language is not None:
+            langs = [self._language_id(language)] * batch
+        elif g.get("lang_to_id") and (len(head) <= 1 or head[1] is None):
+            langs = self._detect_language(feeds, batch).tolist()
+        rows = []
+        for r in range(batch):
+            row = list(head)
+            if langs is not None:
+                row[1:2] = [langs[r]]
+            if task is not None:
+                row.append(tasks[task])
+            elif language is not None and tasks and not set(row) & set(tasks.values()):
+                row.append(tasks["transcribe"])
+            no_timestamps = g.get("no_timestamps_token_id")
+            if no_timestamps is not None and row[-1] != no_timestamps:
+                row.append(no_timestamps)
+            rows.append([int(t) for t in row if t is not None])
+        return np.array(rows, dtype=np.int64)
+
     # --------------------------------------------------------------------------------------- public
     def generate_from(
         self,
         encoder_feeds: dict[str, np.ndarray],
         settings: GenerationSettings,
         streamer: Callable[[np.ndarray], None] | None = None,
+        language: str | None = None,
+        task: str | None = None,
     ) -> np.ndarray:
-        """Decoder token ids (the start token, then the generated ones) for a batch of encoder inputs."""
+        """Decoder token ids (the decoder prompt, then the generated ones) for a batch of encoder inputs."""
         batch = len(next(iter(encoder_feeds.values())))
-        start = np.full((batch, 1), self.start_id, dtype=np.int64)
+        start = self.decoder_prompt(encoder_feeds, batch, language, task)
         return self.generate(start, np.ones_like(start), settings, streamer, context=encoder_feeds)
 
     def _decoded(self, items: list[Any], streamer: Callable[[str], None] | None, **kwargs: Any) -> list[str]:
-        settings = self.settings(**kwargs)
+        options = {**(kwargs.pop("generate_kwargs", None) or {}), **kwargs}
+        if options.pop("return_timestamps", False):
+            raise ConfigError(
+                "return_timestamps is not supported by this pipeline yet",
+                hint="leave it off: the text comes back without timestamps",
+            )
+        language, task = options.pop("language", None), options.pop("task", None)
+        settings = self.settings(**options)
         feeds = self.processor(**{self.processor.modality: items})
         stream = self._text_stream(streamer) if streamer is not None and len(items) == 1 else None
-        out = self.generate_from(feeds, settings, stream)
+        out = self.generate_from(feeds, settings, stream, language=language, task=task)
         return [self.tokenizer.decode(row, skip_special_tokens=True) for row in out]
 
 
