@@ -1,7 +1,8 @@
 """``ONNXImageProcessor``: PIL images, paths or arrays -> the graph's image input, by transformers.
 
-The pre-processing itself (resize, crop, rescale, normalise) is transformers' own slow image processor,
-built from the model's ``preprocessor_config.json`` or its embedded config. Only what the graph fixes is
+The pre-processing itself (resize, crop, rescale, normalise) is transformers' slow image processor, built
+from the model's ``preprocessor_config.json`` or its embedded config: for the common classes in numpy + PIL
+(:class:`.fast_image.FastImageProcessor`, same outputs, no torch or transformers import), else transformers'. Only what the graph fixes is
 adapted: a fixed H x W overrides the size/crop settings when they would give another size, a 1-channel
 graph gets grayscale and a 3-channel graph RGB, a channels-last graph gets NHWC, and a dynamic H x W
 batch of different sizes is zero-padded to the largest.
@@ -21,6 +22,7 @@ from ...errors import InferenceError, MetadataError
 from ...metadata.build import hf_processor
 from ..graph import GraphInput
 from .base import BaseONNXProcessor
+from .fast_image import FastImageProcessor
 
 __all__ = ["ONNXImageProcessor", "to_array"]
 
@@ -79,7 +81,7 @@ def _graph_fits(proc: Any, height: int, width: int) -> list[dict[str, Any]]:
     """Settings that make ``proc`` give ``height x width``, most faithful first: keep the center crop
     (shortest edge + crop), a square shortest edge (crop_pct configs crop to it), else resize to it."""
     fits: list[dict[str, Any]] = []
-    if getattr(proc, "do_center_crop", False):
+    if proc.to_dict().get("do_center_crop"):
         crop = {"height": height, "width": width}
         fits.append({"do_resize": True, "size": {"shortest_edge": min(height, width)}, "crop_size": crop})
     if height == width:
@@ -121,7 +123,13 @@ class ONNXImageProcessor(BaseONNXProcessor):
             check_fits_in_memory(
                 tensor_bytes((*self.fixed_hw, self.channels), 4), f"one {self.fixed_hw} image", InferenceError
             )
-        base = processor if processor is not None else hf_processor(self.config, self.kind, model_type)
+        if processor is None:  # numpy + PIL where the config is covered, else transformers' own class
+
+            def slow(config: dict[str, Any]) -> Any:
+                return hf_processor(config, self.kind, model_type)
+
+            processor = FastImageProcessor.from_config(self.config, slow) or slow(self.config)
+        base = processor
         self.processor = self._fit(base)
 
     def _run(self, proc: Any, arrays: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
@@ -145,7 +153,7 @@ class ONNXImageProcessor(BaseONNXProcessor):
             return proc
         for changes in _graph_fits(proc, *self.fixed_hw):
             try:
-                fitted = type(proc).from_dict({**proc.to_dict(), **changes})
+                fitted = proc.from_dict({**proc.to_dict(), **changes})
                 if self._hw(self._run(fitted, probe)["pixel_values"][0]) == self.fixed_hw:
                     log.info("image processor set to the graph's fixed size %s: %s", self.fixed_hw, changes)
                     return fitted
@@ -180,7 +188,8 @@ class ONNXImageProcessor(BaseONNXProcessor):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
-            "transformers_class": type(self.processor).__name__,
+            "transformers_class": getattr(self.processor, "class_name", type(self.processor).__name__),
+            "numpy_pipeline": isinstance(self.processor, FastImageProcessor),
             "channels": self.channels,
             "fixed_hw": self.fixed_hw,
             "channels_last": self.channels_last,
