@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from modelexport.inference import pipeline
 from modelexport.metadata.schema import KEY_GENERATION
@@ -29,6 +30,13 @@ def test_int8_and_o2_keep_tags_cache_and_generation(llama_with_past: Any, tmp_pa
     assert q.coverage["coverage_pct"] == 100.0 and q.nodes_after != q.nodes_before
     o2 = optimize_model(out / "model.onnx", tmp_path / "o2" / "model.onnx", OptimizeConfig.preset("O2"))
     assert o2.coverage["coverage_pct"] == 100.0
+    # the probe gives the cache a past and the mask past + new positions, padded right and left: the rotary
+    # and RMSNorm fusions are checked on it and kept (attention itself is not matched by onnxscript here)
+    stats = o2.passes[0].record["stats"]["onnxscript"]
+    assert stats["fusions"] == "all" and stats["max_abs_diff"] <= 1e-4
+    assert {"rotary_embedding", "rms_normalization", "skip_rms_normalization"} <= set(stats["matched"])
+    ops = {n.op_type for n in onnx.load(tmp_path / "o2" / "model.onnx", load_external_data=False).graph.node}
+    assert {"RotaryEmbedding", "SkipSimplifiedLayerNormalization"} <= ops
     for folder in ("int8", "o2"):
         assert read_metadata(tmp_path / folder / "model.onnx")[KEY_GENERATION]["cache"]["layers"] == 2
         assert (tmp_path / folder / "generation_config.json").is_file()

@@ -9,7 +9,8 @@ attention on dynamo graphs; it runs after this only where it still adds somethin
 
 Some rules assume more than the graph states: the GroupQueryAttention rule ignores the attention mask
 of a decoder exported without a KV cache (outputs differ on a padded batch). So every fusion is
-checked: the fused graph and its input run on a padded batch of two (:func:`probe_feeds`); when they
+checked: the fused graph and its input run on a batch of two padded right, then left (:func:`probe_feeds`;
+a KV cache gets a past, the mask spans past + new tokens); when they
 differ beyond the export tolerance, only the fusions that cannot change attention semantics
 (``SAFE_FUSIONS``: normalization and Gelu) are applied instead, and the rejection is reported.
 
@@ -43,8 +44,8 @@ __all__ = [
 
 #: Largest max-abs difference accepted between the fused graph and its input: the export's default atol.
 VERIFY_ATOL = 1e-4
-#: Probe batch: two rows, the second padded at the end, so mask handling and batch size both count.
-PROBE_BATCH, PROBE_SEQ, PROBE_PAD, PROBE_ID_RANGE = 2, 8, 3, 10
+#: Probe batch: two rows, the second padded (at the end, then at the start), so mask handling and batch size\n#: both count; a KV cache gets a past of 5 positions.
+PROBE_BATCH, PROBE_SEQ, PROBE_PAD, PROBE_ID_RANGE, PROBE_PAST = 2, 8, 3, 10, 5
 
 #: onnxscript's per-rule counters, grouped into the fusions a user asks about (name -> counters).
 FUSION_REPORT_KEYS: dict[str, tuple[str, ...]] = {
@@ -123,25 +124,46 @@ def _safe_only(model: Any) -> dict[str, int]:
     return counts
 
 
-def probe_feeds(model: onnx.ModelProto) -> dict[str, Any]:
-    """A padded batch for every graph input: dynamic dims -> 2 (batch) / 8; integer ``*mask*`` inputs are
-    ones with the second row's last 3 positions zero; other integers in [0, 10) (below the rows of a table
-    they index); floats standard normal."""
+def _dynamic_sizes(model: onnx.ModelProto) -> dict[str, int]:
+    """Probe size per dynamic dim symbol: batch 2, sequence 8, a cache's past length 5, and a mask over
+    past + new tokens (a symbol only the mask has, in a graph with ``past*`` inputs) 8 + 5."""
+    sizes: dict[str, int] = {}
+    owners: dict[str, set[str]] = {}
+    for inp in model.graph.input:
+        for k, d in enumerate(inp.type.tensor_type.shape.dim):
+            if d.dim_param:
+                owners.setdefault(d.dim_param, set()).add(inp.name)
+                past = "past" in inp.name.lower() and k == 2
+                sizes.setdefault(d.dim_param, PROBE_BATCH if k == 0 else PROBE_PAST if past else PROBE_SEQ)
+    if any("past" in i.name.lower() for i in model.graph.input):
+        for inp in model.graph.input:
+            dims = inp.type.tensor_type.shape.dim
+            if "mask" in inp.name.lower() and len(dims) == 2 and owners.get(dims[1].dim_param) == {inp.name}:
+                sizes[dims[1].dim_param] = PROBE_SEQ + PROBE_PAST
+    return sizes
+
+
+def probe_feeds(model: onnx.ModelProto, left: bool = False) -> dict[str, Any]:
+    """A padded batch for every graph input (sizes: :func:`_dynamic_sizes`); integer ``*mask*`` inputs are
+    ones with the second row's last (``left``: first) 3 positions zero; other integers in [0, 10) (below
+    the rows of a table they index); floats standard normal."""
     import numpy as np
     from onnx import helper
 
     rng = np.random.default_rng(0)
     limits = index_limits(model)
+    sizes = _dynamic_sizes(model)
     feeds: dict[str, Any] = {}
     for inp in model.graph.input:
         tensor = inp.type.tensor_type
         shape = [
-            d.dim_value or (PROBE_BATCH if k == 0 else PROBE_SEQ) for k, d in enumerate(tensor.shape.dim)
+            d.dim_value or sizes.get(d.dim_param, PROBE_BATCH if k == 0 else PROBE_SEQ)
+            for k, d in enumerate(tensor.shape.dim)
         ]
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
         if dtype.kind in "iub" and "mask" in inp.name.lower() and len(shape) >= 2 and shape[0] > 1:
             value = np.ones(shape, dtype)
-            value[1, ..., -PROBE_PAD:] = 0
+            value[1, ..., slice(0, PROBE_PAD) if left else slice(-PROBE_PAD, None)] = 0
         elif dtype.kind in "iu":
             value = rng.integers(0, min(PROBE_ID_RANGE, limits.get(inp.name, PROBE_ID_RANGE)), shape)
             value = value.astype(dtype)
@@ -195,11 +217,12 @@ def fuse_for_ort(model: onnx.ModelProto, atol: float = VERIFY_ATOL) -> tuple[onn
     Stats: ``matched`` (fusion -> patterns matched, non-zero only), ``rules`` (onnxscript's counters),
     ``max_abs_diff`` on the probe, and ``rejected`` (why the full set was not used) when it fell back.
     """
-    feeds = probe_feeds(model)
+    probes = [probe_feeds(model), probe_feeds(model, left=True)]  # encoders pad right, decoders left
     stats: dict[str, Any] = {"tool": "onnxscript.rewriter.ort_fusions"}
     try:
-        reference = create_session(model, log_severity_level=4)[0].run(None, feeds)
-    except Exception as exc:  # noqa: BLE001 - inputs the probe cannot build (e.g. a mask spanning past + new tokens)
+        session = create_session(model, log_severity_level=4)[0]
+        references = [session.run(None, feeds) for feeds in probes]
+    except Exception as exc:  # noqa: BLE001 - inputs the probe cannot build (a shape the graph constrains)
         reason = f"the unfused model does not run on generated probe inputs ({type(exc).__name__}); fusion unchecked"
         return model, {**stats, "fusions": "none", "matched": {}, "rules": {}, "rejected": {"probe": reason}}
     for name, apply in (("all", _all_fusions), ("safe", _safe_only)):
@@ -207,7 +230,7 @@ def fuse_for_ort(model: onnx.ModelProto, atol: float = VERIFY_ATOL) -> tuple[onn
         if name == "all":  # the padding mask as ORT's mask_index: no 4-D bias built per run
             out, rules["mask_index"] = use_mask_index(out)
             rules = {k: v for k, v in rules.items() if v}
-        diff = _max_diff(reference, out, feeds)
+        diff = max(_max_diff(ref, out, feeds) for ref, feeds in zip(references, probes, strict=True))
         if diff <= atol:
             return out, {
                 **stats,
@@ -218,7 +241,7 @@ def fuse_for_ort(model: onnx.ModelProto, atol: float = VERIFY_ATOL) -> tuple[onn
             }
         stats.setdefault("rejected", {})[name] = (
             f"{', '.join(_matched(rules)) or 'no fusion'}: outputs differ by {diff:.3g} > {atol} "
-            f"on a padded batch of {PROBE_BATCH}"
+            f"on a batch of {PROBE_BATCH} padded right and left"
         )
     return model, {**stats, "fusions": "none", "matched": {}, "rules": {}}
 
