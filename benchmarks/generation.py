@@ -10,7 +10,8 @@ The engines run interleaved round-robin in one process with the same thread coun
     python benchmarks/generation.py [--repeats 3] [--threads 1] [--layers 12]
 
 Targets (issue 15): per-token latency at batch 1 <= 1.0x Optimum and <= 0.5x transformers eager.
-Also measured (``--no-int8`` skips them): ours int8 (``export --optimize O2 --quantize dynamic``, the
+Also measured (``--no-int8`` skips them): ours ``-O2`` (``export --optimize O2``: rotary and RMSNorm
+fusions), ours int8 (``export --optimize O2 --quantize dynamic``, the
 deployment path) against Optimum's own dynamic int8 (``ORTQuantizer``, per-channel) and against eager fp32.
 """
 
@@ -74,6 +75,10 @@ def _exports(src: Path, root: Path, int8: bool) -> tuple[Path, Path, dict[str, f
         start = time.perf_counter()
         modelexport.export(src, ours, task="text-generation-with-past")
         seconds["ours"] = time.perf_counter() - start
+    if int8 and not (root / "ours_o2" / "model_O2.onnx").is_file():
+        start = time.perf_counter()
+        modelexport.export(src, root / "ours_o2", task="text-generation-with-past", optimize="O2")
+        seconds["ours_o2"] = time.perf_counter() - start
     if int8 and not (root / "ours_int8" / "model_dynamic.onnx").is_file():
         start = time.perf_counter()  # the deployment path: -O2 fusion, then dynamic int8 of the fused graph
         modelexport.export(
@@ -150,6 +155,7 @@ def _engines(
 
     engines = {"ours": ours_pipe(ours), "optimum": hf(optimum_model), "transformers_eager": hf(eager)}
     if int8:
+        engines["ours_o2"] = ours_pipe(ours.with_name("ours_o2") / "model_O2.onnx")
         engines["ours_int8"] = ours_pipe(ours.with_name("ours_int8") / "model_dynamic.onnx")
         engines["optimum_int8"] = hf(
             ORTModelForCausalLM.from_pretrained(
@@ -195,6 +201,13 @@ def _measure(engines: dict[str, Any], batch: int, vocab: int, repeats: int) -> d
             result["ours"]["ttft_ms"] / result["transformers_eager"]["ttft_ms"], 3
         ),
     }
+    if "ours_o2" in result:
+        result["ratios"]["o2_per_token_vs_optimum"] = round(
+            result["ours_o2"]["per_token_ms"] / result["optimum"]["per_token_ms"], 3
+        )
+        result["ratios"]["o2_per_token_vs_transformers_eager"] = round(
+            result["ours_o2"]["per_token_ms"] / result["transformers_eager"]["per_token_ms"], 3
+        )
     if "ours_int8" in result:
         int8 = result["ours_int8"]["per_token_ms"]
         result["ratios"]["int8_per_token_vs_optimum_int8"] = round(

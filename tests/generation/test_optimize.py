@@ -48,3 +48,24 @@ def test_int8_and_o2_keep_tags_cache_and_generation(llama_with_past: Any, tmp_pa
     logits = _first_logits(int8, ids, mask)
     assert np.abs(logits - reference).max() < 0.1 * np.abs(reference).max()  # int8 error, not garbage
     assert int8.generate(ids, mask, int8.settings(max_new_tokens=6)).shape == greedy.shape
+
+
+def test_int8_after_o2_quantizes_every_weight_matmul(llama_with_past: Any, tmp_path: Path) -> None:
+    """ORT's -O2 optimizer writes FusedMatMul(transB) for MatMul(x, Transpose(W)); ORT's quantizer skips
+    that op, so it goes back to MatMul first: every constant-weight product is int8 after -O2 + int8."""
+    _, out, _ = llama_with_past
+    optimize_model(out / "model.onnx", tmp_path / "o2" / "model.onnx", OptimizeConfig.preset("O2"))
+    o2 = onnx.load(tmp_path / "o2" / "model.onnx")
+    weights = {t.name for t in o2.graph.initializer}
+    products = [n for n in o2.graph.node if n.op_type in ("MatMul", "FusedMatMul") and n.input[1] in weights]
+    q = quantize(tmp_path / "o2" / "model.onnx", tmp_path / "int8" / "model.onnx", mode="dynamic")
+    assert q.coverage["coverage_pct"] == 100.0
+    quantized = onnx.load(tmp_path / "int8" / "model.onnx")
+    consts = {t.name for t in quantized.graph.initializer}
+    ops = [n.op_type for n in quantized.graph.node]
+    assert not [n for n in quantized.graph.node if n.op_type == "FusedMatMul" and n.input[1] in consts]
+    assert ops.count("MatMulInteger") == len(products) > 0
+    fp32, int8 = pipeline("text-generation", model=out), pipeline("text-generation", model=tmp_path / "int8")
+    ids, mask = fp32.encode(["hello world", "the quick brown fox"])
+    reference = _first_logits(fp32, ids, mask)
+    assert np.abs(_first_logits(int8, ids, mask) - reference).max() < 0.1 * np.abs(reference).max()

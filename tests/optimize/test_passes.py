@@ -262,6 +262,7 @@ def test_cpu_quantize_presets_keep_tags_and_outputs(tiny_bert_onnx: Path, tmp_pa
     assert [p["name"] for p in result.to_dict()["passes"]] == [
         "quant_pre_process",
         "drop_initializer_shape_hints",
+        "plain_matmul",
         "quantize_dynamic",
         "carry_metadata",
     ]

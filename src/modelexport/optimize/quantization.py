@@ -377,6 +377,51 @@ class QuantizeResult:
 
 
 @dataclass(frozen=True)
+class PlainMatMul:
+    """``com.microsoft.FusedMatMul`` on a constant weight back to ``MatMul`` (the weight transposed once).
+
+    ONNX Runtime's graph optimizer (``-O2``) turns ``MatMul(x, Transpose(W))`` into ``FusedMatMul`` with
+    ``transB`` (a tied LM head, for one), and its quantizers only quantize ``MatMul``: such a layer, the
+    largest of a decoder, would stay float. Node names and tags are kept.
+    """
+
+    name = "plain_matmul"
+    in_place = False
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        import onnx
+        from onnx import helper, numpy_helper
+
+        inits = {t.name: t for t in model.graph.initializer}
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        changed = 0
+        for k, node in enumerate(copy.graph.node):
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            plain = {"transA": 0, "transBatchA": 0, "transBatchB": 0, "alpha": 1.0}
+            if node.op_type != "FusedMatMul" or node.input[1] not in inits:
+                continue
+            if any(attrs.get(key, default) != default for key, default in plain.items()):
+                continue
+            weight = inits[node.input[1]]
+            if attrs.get("transB", 0):
+                array = numpy_helper.to_array(weight)
+                if array.ndim != 2:
+                    continue
+                name = f"{weight.name}_transposed"
+                if name not in inits:
+                    inits[name] = numpy_helper.from_array(array.T.copy(), name)
+                    copy.graph.initializer.append(inits[name])
+            else:
+                name = weight.name
+            matmul = helper.make_node("MatMul", [node.input[0], name], list(node.output), name=node.name)
+            matmul.metadata_props.extend(node.metadata_props)
+            copy.graph.node[k].CopyFrom(matmul)
+            changed += 1
+        return PassResult(copy if changed else model, bool(changed), {"unfused": changed})
+
+
+@dataclass(frozen=True)
 class QuantizeMode:
     """A mode of ``QUANT_MODES`` on a tagged model; the nodes in ``exclude`` stay float.
 
@@ -419,13 +464,13 @@ def quantize_proto(
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Quantize a tagged ModelProto; returns (tagged quantized model, facts about the run).
 
-    Passes: [re-tagged ``quant_pre_process``], shape-hint cleanup, then the re-tagged mode (with
+    Passes: [re-tagged ``quant_pre_process``], shape-hint cleanup, ``FusedMatMul`` -> ``MatMul``, then the re-tagged mode (with
     ``--exclude-modules`` resolved on the pre-processed graph) and the metadata carry-over. ``data_dir``:
     where ``model``'s external-data references resolve (``load_onnx(..., external_data=False)``); ORT's
     tools then read those weights from files, never from one serialized protobuf.
     """
     prep: list[Pass] = [Retagged(Preprocess(data_dir))] if cfg.preprocess else []
-    work, steps = run_passes(model, [*prep, DropShapeHints()])
+    work, steps = run_passes(model, [*prep, DropShapeHints(), PlainMatMul()])
     exclude = excluded_nodes(work, cfg.exclude_modules)
     record = {**cfg.record(), "excluded_nodes": len(exclude)}
     if samples is not None and cfg.mode == "static":
