@@ -129,7 +129,10 @@ def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
         verbose=False,
         report=False,
     )
-    return program.model_proto
+    proto = program.model_proto  # a fresh serialization on every access
+    if dynamic is not None:
+        inputs.settle_allowed_axes(proto)
+    return proto
 
 
 @contextlib.contextmanager
