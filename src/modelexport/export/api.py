@@ -413,7 +413,7 @@ def _settings_record(ctx: ExportContext) -> dict[str, Any]:
         "opset": _opset(ctx.model_proto),
         "input_names": ctx.inputs.names,
         "output_names": [o.name for o in ctx.model_proto.graph.output],
-        "dynamic_axes": None if cfg.static_shapes else ctx.inputs.graph_axes(ctx.model_proto),
+        "dynamic_axes": ctx.inputs.dynamic_axes(cfg.static_shapes),
         "input_specs": [s.to_dict() for s in ctx.inputs.specs],
     }
 

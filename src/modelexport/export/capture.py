@@ -129,10 +129,7 @@ def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
         verbose=False,
         report=False,
     )
-    proto = program.model_proto  # a fresh serialization on every access
-    if dynamic is not None:
-        inputs.settle_allowed_axes(proto)
-    return proto
+    return program.model_proto
 
 
 @contextlib.contextmanager

@@ -13,13 +13,10 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InputSpecError
 from .config import ExportConfig, InputSpec
-
-if TYPE_CHECKING:
-    import onnx
 
 __all__ = [
     "ExampleInputs",
@@ -97,12 +94,6 @@ def _image_size(config: Any) -> int:
     return int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
-#: Axes made dynamic only where the model's code allows it (``torch.export.Dim.AUTO``): a CNN takes any
-#: image size, while a vision transformer's position embeddings (and every conv stem's channel count) fix theirs, and a
-#: fixed axis stays a number in the graph rather than a name the graph cannot honour.
-WHERE_ALLOWED = frozenset({"height", "width"})
-
-
 @input_generator("pixel_values", modality="vision")
 def _pixels(config: Any, cfg: ExportConfig) -> InputSpec:
     if cfg.input_shape and len(cfg.input_shape) == 4:
@@ -110,7 +101,7 @@ def _pixels(config: Any, cfg: ExportConfig) -> InputSpec:
     else:
         size = _image_size(config)
         shape = (BATCH, int(getattr(config, "num_channels", 3) or 3), size, size)
-    return InputSpec("pixel_values", tuple(shape), "float32", {0: "batch_size", 2: "height", 3: "width"})
+    return InputSpec("pixel_values", tuple(shape), "float32", {0: "batch_size"})
 
 
 @input_generator("input_values", modality="audio")
@@ -154,17 +145,11 @@ class ExampleInputs:
     def parameters(self) -> list[str]:
         return list(self.params) if self.params else self.names
 
-    def dynamic_axes(self, static: bool, where_allowed: bool = False) -> dict[str, dict[int, str]] | None:
-        """Input name -> {axis: name}; the :data:`WHERE_ALLOWED` axes only with ``where_allowed`` (the
-        dynamo exporter finds out whether the model allows them; TorchScript cannot, so they stay fixed)."""
+    def dynamic_axes(self, static: bool) -> dict[str, dict[int, str]] | None:
         if static:
             return None
-        axes = {
-            s.name: {a: n for a, n in s.dynamic_axes.items() if where_allowed or n not in WHERE_ALLOWED}
-            for s in self.specs
-            if s.dynamic_axes
-        }
-        return {k: v for k, v in axes.items() if v} or None
+        axes = {s.name: dict(s.dynamic_axes) for s in self.specs if s.dynamic_axes}
+        return axes or None
 
     def forward_kwargs(self) -> dict[str, Any]:
         """What forward() is called with: the tensors keyed by the parameter each feeds (subclasses pack
@@ -177,68 +162,11 @@ class ExampleInputs:
         Axis names, not ``Dim.DYNAMIC``: torch.onnx makes them dynamic and renames the graph's symbols
         (``s18``, ``s41``) to them, so the graph reads ``batch_size`` / ``sequence_length`` as Optimum writes.
         """
-        import torch
-
-        axes = self.dynamic_axes(False, where_allowed=True) or {}
+        axes = self.dynamic_axes(False) or {}
         return {
-            param: {
-                int(a): torch.export.Dim.AUTO if n in WHERE_ALLOWED else str(n)
-                for a, n in axes.get(name, {}).items()
-            }
+            param: {int(a): str(n) for a, n in axes.get(name, {}).items()}
             for param, name in zip(self.parameters, self.names, strict=True)
         }
-
-    def settle_allowed_axes(self, proto: onnx.ModelProto) -> dict[str, str]:
-        """Name the :data:`WHERE_ALLOWED` axes that stayed dynamic (``Dim.AUTO`` leaves torch's ``s12``
-        symbols) in every shape of ``proto``'s graph, then keep them only if the graph really runs at twice
-        the example's size: torch.export cannot see a size a model checks only outside tracing (a vision
-        transformer's position embeddings), and a named axis the graph cannot take would mislead. Returns
-        {axis name: "dynamic" | "fixed"}."""
-        wanted = self.dynamic_axes(False, where_allowed=True) or {}
-        found: dict[str, tuple[str, str, int]] = {}  # symbol -> (name, input, axis)
-        for inp in proto.graph.input:
-            for axis, name in wanted.get(inp.name, {}).items():
-                dims = inp.type.tensor_type.shape.dim
-                if name in WHERE_ALLOWED and axis < len(dims) and dims[axis].dim_param:
-                    found.setdefault(dims[axis].dim_param, (name, inp.name, axis))
-        if not found:
-            return {}
-        names = {symbol: name for symbol, (name, _, _) in found.items()}
-        for info in (*proto.graph.input, *proto.graph.output, *proto.graph.value_info):
-            for dim in info.type.tensor_type.shape.dim:
-                if dim.dim_param in names:
-                    dim.dim_param = names[dim.dim_param]
-        if self._runs_at_twice_the_size(proto, [(i, a) for _, i, a in found.values()]):
-            return {name: "dynamic" for name in names.values()}
-        by_input = {inp.name: inp for inp in proto.graph.input}
-        for _name, input_name, axis in found.values():
-            by_input[input_name].type.tensor_type.shape.dim[axis].dim_value = int(
-                self.tensors[input_name].shape[axis]
-            )
-        return {name: "fixed" for name in names.values()}
-
-    def _runs_at_twice_the_size(self, proto: onnx.ModelProto, axes: list[tuple[str, int]]) -> bool:
-        import numpy as np
-
-        from ..runtime.session import create_session
-
-        feeds = self.as_numpy()
-        for name, axis in axes:
-            feeds[name] = np.concatenate([feeds[name], feeds[name]], axis=axis)
-        try:
-            create_session(proto, log_severity_level=4)[0].run(None, feeds)
-        except Exception:  # noqa: BLE001 - any failure at the other size means the size is fixed
-            return False
-        return True
-
-    def graph_axes(self, proto: onnx.ModelProto) -> dict[str, dict[int, str]] | None:
-        """What the exported graph's inputs name dynamic (recorded in the metadata, so it matches)."""
-        axes = {
-            inp.name: {k: d.dim_param for k, d in enumerate(inp.type.tensor_type.shape.dim) if d.dim_param}
-            for inp in proto.graph.input
-            if inp.name in self.names
-        }
-        return {k: v for k, v in axes.items() if v} or None
 
     def as_numpy(self) -> dict[str, Any]:
         return {k: tensor_to_numpy(v) for k, v in self.tensors.items()}
