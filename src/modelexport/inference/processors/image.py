@@ -1,11 +1,11 @@
 """``ONNXImageProcessor``: PIL images, paths or arrays -> the graph's image input, by transformers.
 
 The pre-processing itself (resize, crop, rescale, normalise) is transformers' slow image processor, built
-from the model's ``preprocessor_config.json`` or its embedded config: for the common classes in numpy + PIL
-(:class:`.fast_image.FastImageProcessor`, same outputs, no torch or transformers import), else transformers'. Only what the graph fixes is
-adapted: a fixed H x W overrides the size/crop settings when they would give another size, a 1-channel
-graph gets grayscale and a 3-channel graph RGB, a channels-last graph gets NHWC, and a dynamic H x W
-batch of different sizes is zero-padded to the largest.
+from the model's ``preprocessor_config.json`` or its embedded config: for the common classes in numpy +
+PIL (:class:`.fast_image.FastImageProcessor`, same outputs, no torch or transformers import), else
+transformers' own class. Only what the graph fixes is adapted: a fixed H x W overrides the size/crop
+settings when they would give another size, a 1-channel graph gets grayscale and a 3-channel graph RGB, a
+channels-last graph gets NHWC, and a dynamic H x W batch of different sizes is zero-padded to the largest.
 """
 
 from __future__ import annotations
@@ -129,8 +129,7 @@ class ONNXImageProcessor(BaseONNXProcessor):
                 return hf_processor(config, self.kind, model_type)
 
             processor = FastImageProcessor.from_config(self.config, slow) or slow(self.config)
-        base = processor
-        self.processor = self._fit(base)
+        self.processor = self._fit(processor)
 
     def _run(self, proc: Any, arrays: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
         out = proc(
