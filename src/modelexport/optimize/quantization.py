@@ -388,37 +388,45 @@ class PlainMatMul:
     name = "plain_matmul"
     in_place = False
 
+    def _candidates(self, model: onnx.ModelProto) -> list[int]:
+        """Indexes of FusedMatMul nodes that are a plain product with an in-file constant weight (a weight
+        left on disk for a model over 2 GB is not read here: that layer stays float)."""
+        from onnx import TensorProto, helper
+
+        inits = {t.name: t for t in model.graph.initializer}
+        plain = {"transA": 0, "transBatchA": 0, "transBatchB": 0, "alpha": 1.0}
+        found = []
+        for k, node in enumerate(model.graph.node):
+            weight = inits.get(node.input[1]) if node.op_type == "FusedMatMul" else None
+            if weight is None or weight.data_location == TensorProto.EXTERNAL or len(weight.dims) != 2:
+                continue
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            if all(attrs.get(key, default) == default for key, default in plain.items()):
+                found.append(k)
+        return found
+
     def __call__(self, model: onnx.ModelProto) -> PassResult:
         import onnx
         from onnx import helper, numpy_helper
 
-        inits = {t.name: t for t in model.graph.initializer}
+        found = self._candidates(model)
+        if not found:
+            return PassResult(model, False, {"unfused": 0})
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        changed = 0
-        for k, node in enumerate(copy.graph.node):
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            plain = {"transA": 0, "transBatchA": 0, "transBatchB": 0, "alpha": 1.0}
-            if node.op_type != "FusedMatMul" or node.input[1] not in inits:
-                continue
-            if any(attrs.get(key, default) != default for key, default in plain.items()):
-                continue
-            weight = inits[node.input[1]]
-            if attrs.get("transB", 0):
-                array = numpy_helper.to_array(weight)
-                if array.ndim != 2:
-                    continue
-                name = f"{weight.name}_transposed"
+        inits = {t.name: t for t in copy.graph.initializer}
+        for k in found:
+            node = copy.graph.node[k]
+            name = node.input[1]
+            if any(a.name == "transB" and a.i for a in node.attribute):
+                weight, name = inits[name], f"{name}_transposed"
                 if name not in inits:
-                    inits[name] = numpy_helper.from_array(array.T.copy(), name)
+                    inits[name] = numpy_helper.from_array(numpy_helper.to_array(weight).T.copy(), name)
                     copy.graph.initializer.append(inits[name])
-            else:
-                name = weight.name
             matmul = helper.make_node("MatMul", [node.input[0], name], list(node.output), name=node.name)
             matmul.metadata_props.extend(node.metadata_props)
-            copy.graph.node[k].CopyFrom(matmul)
-            changed += 1
-        return PassResult(copy if changed else model, bool(changed), {"unfused": changed})
+            node.CopyFrom(matmul)
+        return PassResult(copy, True, {"unfused": len(found)})
 
 
 @dataclass(frozen=True)
@@ -464,8 +472,9 @@ def quantize_proto(
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Quantize a tagged ModelProto; returns (tagged quantized model, facts about the run).
 
-    Passes: [re-tagged ``quant_pre_process``], shape-hint cleanup, ``FusedMatMul`` -> ``MatMul``, then the re-tagged mode (with
-    ``--exclude-modules`` resolved on the pre-processed graph) and the metadata carry-over. ``data_dir``:
+    Passes: [re-tagged ``quant_pre_process``], shape-hint cleanup, ``FusedMatMul`` -> ``MatMul``, then the
+    re-tagged mode (with ``--exclude-modules`` resolved on the pre-processed graph) and the metadata
+    carry-over. ``data_dir``:
     where ``model``'s external-data references resolve (``load_onnx(..., external_data=False)``); ORT's
     tools then read those weights from files, never from one serialized protobuf.
     """
