@@ -12,7 +12,9 @@ The engines run interleaved round-robin in one process with the same thread coun
 Targets (issue 15): per-token latency at batch 1 <= 1.0x Optimum and <= 0.5x transformers eager.
 Also measured (``--no-int8`` skips them): ours ``-O2`` (``export --optimize O2``: rotary and RMSNorm
 fusions), ours int8 (``export --optimize O2 --quantize dynamic``, the
-deployment path) against Optimum's own dynamic int8 (``ORTQuantizer``, per-channel) and against eager fp32.
+deployment path) against the int8 peers: Optimum's own dynamic int8 (``ORTQuantizer``, per-channel) and
+transformers eager with PyTorch's dynamic int8 ``Linear`` layers (``torch.ao.quantization.quantize_dynamic``,
+the same int8 scheme in PyTorch), so an int8 ratio compares int8 with int8.
 """
 
 from __future__ import annotations
@@ -162,6 +164,10 @@ def _engines(
                 str(theirs.with_name("optimum_int8")), file_name="model_quantized.onnx", session_options=so
             )
         )
+        eager_int8 = transformers.LlamaForCausalLM.from_pretrained(str(src), attn_implementation="eager")
+        engines["transformers_eager_int8"] = hf(
+            torch.ao.quantization.quantize_dynamic(eager_int8.eval(), {torch.nn.Linear}, dtype=torch.qint8)
+        )
     return engines
 
 
@@ -213,6 +219,9 @@ def _measure(engines: dict[str, Any], batch: int, vocab: int, repeats: int) -> d
         result["ratios"]["int8_per_token_vs_optimum_int8"] = round(
             int8 / result["optimum_int8"]["per_token_ms"], 3
         )
+        result["ratios"]["int8_per_token_vs_transformers_eager_int8"] = round(
+            int8 / result["transformers_eager_int8"]["per_token_ms"], 3
+        )
         result["ratios"]["int8_per_token_vs_transformers_eager_fp32"] = round(
             int8 / result["transformers_eager"]["per_token_ms"], 3
         )
@@ -257,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     for batch, r in results.items():
         for name in (k for k in r if k != "ratios"):
             print(
-                f"batch {batch:>2} {name:<19} ttft {r[name]['ttft_ms']:8.1f} ms   per token {r[name]['per_token_ms']:7.2f} ms"
+                f"batch {batch:>2} {name:<24} ttft {r[name]['ttft_ms']:8.1f} ms   per token {r[name]['per_token_ms']:7.2f} ms"
             )
         print(f"batch {batch:>2} ratios: {r['ratios']}")
     print(f"wrote {path}")
