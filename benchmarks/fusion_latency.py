@@ -3,6 +3,10 @@
 The issue's grid: 1 thread and all threads; batch 1 x seq 16, 8 x 128, 32 x 128; all-MiniLM-L6-v2 and a
 BERT-base-sized config (random weights, MiniLM's tokenizer), a tiny Llama and a small ViT (from configs).
 Identical feeds (padded rows when batch > 1), ``session.run`` of each graph and the eager module interleaved
+round by round. Each graph runs in its tool's own session: ours through ``modelexport.runtime.create_session``
+(what ``infer``/``pipeline`` use: on the CPU alone it leaves out ORT's ``SkipLayerNormFusion``, see
+``benchmarks/kernel_choice.py``), Optimum's through a plain ``onnxruntime.InferenceSession`` as its ``ORTModel``
+makes it, both with the same thread counts and ORT's default (full) optimization level; interleaved
 round by round so that load on the machine hits each alike; medians and ratios against Optimum O2 and
 PyTorch in the same run are printed and written to ``benchmarks/results/fusion_latency.json``. Where Optimum
 cannot export or optimize a model, the error is recorded and the other runs go on. Offline: MiniLM comes from
@@ -106,12 +110,18 @@ def _runners(paths: dict[str, Path], src: Path, threads: int) -> dict[str, Calla
     import torch
     import transformers
 
+    from modelexport.runtime.session import SessionConfig, create_session
+
     torch.set_num_threads(threads or os.cpu_count() or 1)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    ours = SessionConfig(intra_op_num_threads=threads, inter_op_num_threads=1)
     runners: dict[str, Any] = {}
     for name, path in paths.items():
-        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        if name.startswith("ours"):
+            sess = create_session(path, ours)[0]
+        else:
+            sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         wanted = {i.name for i in sess.get_inputs()}
         runners[name] = lambda f, s=sess, w=wanted: s.run(["last_hidden_state"], {k: f[k] for k in w})[0]
     model = transformers.AutoModel.from_pretrained(str(src)).eval()

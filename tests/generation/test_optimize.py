@@ -36,7 +36,11 @@ def test_int8_and_o2_keep_tags_cache_and_generation(llama_with_past: Any, tmp_pa
     assert stats["fusions"] == "all" and stats["max_abs_diff"] <= 1e-4
     assert {"rotary_embedding", "rms_normalization", "skip_rms_normalization"} <= set(stats["matched"])
     ops = {n.op_type for n in onnx.load(tmp_path / "o2" / "model.onnx", load_external_data=False).graph.node}
-    assert {"RotaryEmbedding", "SkipSimplifiedLayerNormalization"} <= ops
+    # the skip form is split again for the CPU (faster there): RMS normalization stays fused
+    assert {
+        "RotaryEmbedding",
+        "SimplifiedLayerNormalization",
+    } <= ops and "SkipSimplifiedLayerNormalization" not in ops
     for folder in ("int8", "o2"):
         assert read_metadata(tmp_path / folder / "model.onnx")[KEY_GENERATION]["cache"]["layers"] == 2
         assert (tmp_path / folder / "generation_config.json").is_file()

@@ -56,7 +56,8 @@ def test_optimize_cli_prints_fusion_statistics(
     code = main(["optimize", str(tiny_bert_onnx), "-o", str(out), "--transformer-fusion", "--simplify"])
     text = capsys.readouterr().out
     assert code == 0 and out.is_file()
-    assert "SkipLayerNormalization" in text and "hierarchy tags on 100.0%" in text
+    assert "skip_layer_normalization 4" in text and "hierarchy tags on 100.0%" in text
+    assert "skip normalizations split into Add + normalization for the CPU: 4" in text
 
 
 @pytest.mark.sanity

@@ -211,6 +211,15 @@ def _fusion_lines(stats: dict[str, Any]) -> list[str]:
             lines.append(f"    {label}: " + (", ".join(f"{k} {v}" for k, v in stats[key].items()) or "none"))
     for name, why in stats.get("onnxscript", {}).get("rejected", {}).items():
         lines.append(f"    rejected ({name} fusions): {why}")
+    if split := stats.get("skip_layer_norm"):
+        lines.append(
+            f"    skip normalizations split into Add + normalization for the CPU: {split['split_for_cpu']}"
+            + (
+                f" (kept fused: {split['kept']}, their mean/inv-std outputs are read)"
+                if split["kept"]
+                else ""
+            )
+        )
     return lines
 
 
@@ -289,6 +298,12 @@ def optimize_summary(result: Any) -> str:
     type=int,
     default=None,
     help="Hidden size (default: from the embedded config, else detected).",
+)
+@click.option(
+    "--skip-norm-fusion",
+    is_flag=True,
+    help="Keep SkipLayerNormalization / SkipSimplifiedLayerNormalization fused (for GPUs; -O4 sets it). "
+    "Without it each is split into Add + its normalization, which ONNX Runtime's CPU provider runs faster.",
 )
 @click.option("--fp16", is_flag=True, help="Convert to float16 (for GPUs; slower on CPU).")
 @click.option("--simplify", is_flag=True, help="Simplify with onnxslim.")

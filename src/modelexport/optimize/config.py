@@ -166,6 +166,8 @@ class OptimizeConfig:
     transformer_fusion: bool = False
     fusion_engine: str = "auto"  # FUSION_ENGINES
     approximate_gelu: bool = False  # transformer fusion option: Gelu -> FastGelu (tanh approximation)
+    #: Keep the fused skip normalizations (GPU kernels); off: split into Add + normalization, faster on CPU
+    skip_norm_fusion: bool = False
     model_type: str | None = None  # ORT fusion family; None: from the embedded config
     num_heads: int | None = None
     hidden_size: int | None = None
@@ -222,7 +224,7 @@ def _levels() -> dict[str, OptimizeConfig]:
         "O1": dict(level="basic"),  # basic graph optimizations
         "O2": dict(level="extended", transformer_fusion=True),  # + extended and transformer fusions
         "O3": dict(approximate_gelu=True),  # + approximate Gelu
-        "O4": dict(fp16=True),  # + float16 (GPU deployment)
+        "O4": dict(fp16=True, skip_norm_fusion=True),  # + float16 (GPU deployment, fused skip norms)
     }
     levels: dict[str, OptimizeConfig] = {}
     current: dict[str, Any] = {}

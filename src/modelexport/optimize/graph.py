@@ -27,6 +27,7 @@ from .carry import CarryMetadata, model_metadata, write_transformed
 from .config import OptimizeConfig
 from .fusion import fuse_for_ort, ort_fusion_needed
 from .retag import Retagged, tag_coverage
+from .skip_norm import split_skip_layer_norms
 
 if TYPE_CHECKING:
     import onnx
@@ -144,6 +145,11 @@ def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any,
     if run_ort:
         model, stats["ort"] = ort_transformer_optimizer(model, cfg, tmp)
         stats["fused"] = stats["ort"]["fused"]
+    if not cfg.skip_norm_fusion:  # ORT's CPU SkipLayerNormalization is slower than Add + LayerNormalization
+        result = split_skip_layer_norms(model)
+        model = result.model
+        if result.split or result.kept:
+            stats["skip_layer_norm"] = {"split_for_cpu": result.split, "kept": result.kept}
     return model, stats
 
 
@@ -151,7 +157,12 @@ def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any,
 def ort_offline(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
     """ONNX Runtime's graph optimizer at ``cfg.level``, saved to a file (``optimized_model_filepath``)."""
     src, out = save_onnx(model, tmp / "ort_in.onnx"), tmp / "ort_out.onnx"
-    create_session(src, graph_optimization_level=cfg.level, optimized_model_filepath=str(out))
+    create_session(
+        src,
+        graph_optimization_level=cfg.level,
+        optimized_model_filepath=str(out),
+        disabled_optimizers=() if cfg.skip_norm_fusion else None,  # None: the CPU session's default
+    )
     stats = {"level": cfg.level}
     if cfg.level == "all":
         stats["note"] = (

@@ -19,6 +19,7 @@ from ..onnxfile import load_onnx, resolve_model_path
 __all__ = [
     "GRAPH_LEVELS",
     "GRAPH_LEVEL_ALIASES",
+    "CPU_DISABLED_OPTIMIZERS",
     "SessionConfig",
     "graph_level",
     "SessionInfo",
@@ -54,6 +55,11 @@ GRAPH_LEVELS = {
 }
 #: Other spellings accepted on input (``modelexport optimize --level none`` was documented).
 GRAPH_LEVEL_ALIASES = {"none": "disable"}
+#: ONNX Runtime graph transformers left out of a session that runs on the CPU provider alone (the default,
+#: ``SessionConfig.disabled_optimizers=None``). ``SkipLayerNormFusion`` turns ``Add`` + ``LayerNormalization``
+#: into ``SkipLayerNormalization``, whose CPU kernel runs 2.5-6x slower than the two ops it replaces
+#: (``benchmarks/kernel_choice.py``); on GPU providers the fused kernel is the fast one, so it stays.
+CPU_DISABLED_OPTIMIZERS: tuple[str, ...] = ("SkipLayerNormFusion",)
 
 
 def graph_level(name: str, option: str = "graph_optimization_level") -> str:
@@ -119,6 +125,9 @@ class SessionConfig:
     external_data_dir: str | None = None
     #: Further ONNX Runtime session config entries (``SessionOptions.add_session_config_entry``).
     config_entries: dict[str, str] = field(default_factory=dict)
+    #: ONNX Runtime graph transformers to leave out (``InferenceSession(disabled_optimizers=...)``);
+    #: None: ``CPU_DISABLED_OPTIMIZERS`` when the session runs on the CPU provider alone, else none.
+    disabled_optimizers: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.providers, str):
@@ -126,6 +135,8 @@ class SessionConfig:
         else:
             object.__setattr__(self, "providers", tuple(self.providers or ()))
         object.__setattr__(self, "graph_optimization_level", graph_level(self.graph_optimization_level))
+        if self.disabled_optimizers is not None:
+            object.__setattr__(self, "disabled_optimizers", tuple(split_names(self.disabled_optimizers)))
         if self.intra_op_num_threads < 0 or self.inter_op_num_threads < 0:
             raise ConfigError("thread counts must be >= 0 (0 lets ONNX Runtime choose)")
 
@@ -219,8 +230,17 @@ def create_session(
     for i, provider in enumerate(order):
         chain = order[i:]
         opts = [cfg.provider_options.get(p, {}) for p in chain]
+        disabled = cfg.disabled_optimizers
+        if disabled is None:
+            disabled = CPU_DISABLED_OPTIMIZERS if chain == [CPU] else ()
         try:
-            sess = ort.InferenceSession(model, sess_options=so, providers=chain, provider_options=opts)
+            sess = ort.InferenceSession(
+                model,
+                sess_options=so,
+                providers=chain,
+                provider_options=opts,
+                disabled_optimizers=list(disabled) or None,
+            )
         except Exception as exc:  # noqa: BLE001 - recorded and reported, then the next provider is tried
             errors[provider] = f"{type(exc).__name__}: {exc}"
             if i + 1 < len(order):

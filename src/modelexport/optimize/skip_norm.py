@@ -1,0 +1,109 @@
+"""Split the fused skip normalizations back into ``Add`` + the normalization for the CPU provider.
+
+onnxscript's rewriter (and ORT's transformer optimizer) fuse the residual ``Add`` into the following
+``LayerNormalization`` (``SkipLayerNormalization``) or RMS normalization (``SkipSimplifiedLayerNormalization``).
+ONNX Runtime's CPU kernels for the fused ops run slower than the ops they replace: 4-8x for
+``SkipLayerNormalization`` on one thread, 1.3-2x for the RMS form on more than one token, equal on one
+token (``benchmarks/kernel_choice.py``). A graph deployed on CPU is faster with the unfused ops, and
+``runtime.session`` keeps ORT from fusing them again when a session runs on the CPU alone. GPU kernels
+are the other way round: ``-O4`` (float16 for GPU) keeps the fusion (``OptimizeConfig.skip_norm_fusion``).
+
+Exact: the split computes what the fused op defines (input + skip [+ bias], then the normalization over
+the last axis with the node's epsilon). The optional mean / inverse-std outputs are not produced by the
+split; a node whose graph reads them is left fused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
+
+__all__ = ["SPLIT_OPS", "SkipNormSplit", "split_skip_layer_norms"]
+
+_DOMAIN = "com.microsoft"
+#: fused op -> (normalization it splits into, its domain, whether input 3 is beta (else bias))
+SPLIT_OPS: dict[str, tuple[str, str, bool]] = {
+    "SkipLayerNormalization": ("LayerNormalization", "", True),
+    # ORT's RMS normalization, in the default domain as its RMSNorm fusion writes it
+    "SkipSimplifiedLayerNormalization": ("SimplifiedLayerNormalization", "", False),
+}
+
+
+@dataclass(frozen=True)
+class SkipNormSplit:
+    """The graph with fused skip normalizations split, how many were split and how many kept (why:
+    their mean / inverse-std outputs are read)."""
+
+    model: onnx.ModelProto
+    split: int
+    kept: int = 0
+
+
+def _attr(node: onnx.NodeProto, name: str, default: float) -> float:
+    return next((a.f for a in node.attribute if a.name == name), default)
+
+
+def _is_fused(node: onnx.NodeProto) -> bool:
+    return node.op_type in SPLIT_OPS and node.domain == _DOMAIN
+
+
+def _split(node: onnx.NodeProto, index: int) -> list[onnx.NodeProto]:
+    """``Add`` (input + skip), ``Add`` (+ bias) when there is one, then the normalization; the fused node's
+    output names are kept, so consumers are unchanged."""
+    from onnx import helper
+
+    norm, domain, has_beta = SPLIT_OPS[node.op_type]
+    inputs = (list(node.input) + [""] * 5)[:5]
+    x, skip, gamma = inputs[:3]
+    beta, bias = (inputs[3], inputs[4]) if has_beta else ("", inputs[3])
+    outputs = list(node.output) + [""] * (4 - len(node.output))
+    name = node.name or f"{node.op_type}_{index}"
+    total = outputs[3] or f"{name}/sum"
+    nodes = []
+    if bias:
+        nodes.append(helper.make_node("Add", [x, skip], [f"{name}/skip"], name=f"{name}/add"))
+        nodes.append(helper.make_node("Add", [f"{name}/skip", bias], [total], name=f"{name}/bias"))
+    else:
+        nodes.append(helper.make_node("Add", [x, skip], [total], name=f"{name}/add"))
+    nodes.append(
+        helper.make_node(
+            norm,
+            [total, gamma, *([beta] if beta else [])],
+            [outputs[0]],
+            name=f"{name}/norm",
+            domain=domain,
+            axis=-1,
+            epsilon=_attr(node, "epsilon", 1e-12),
+        )
+    )
+    return nodes
+
+
+def split_skip_layer_norms(model: onnx.ModelProto) -> SkipNormSplit:
+    """``model`` (untouched) with each fused skip normalization replaced by ``Add`` nodes and the plain
+    normalization (opset >= 17 for ``LayerNormalization``); the graph's tensor names are kept."""
+    import onnx
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    fused = [n for n in model.graph.node if _is_fused(n)]
+    if not fused or opset < 17:
+        return SkipNormSplit(model, 0, len(fused))
+    read = {name for n in model.graph.node for name in n.input} | {o.name for o in model.graph.output}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes: list[onnx.NodeProto] = []
+    split = kept = 0
+    for node in out.graph.node:
+        statistics = set(list(node.output)[1:3]) - {""}
+        if not _is_fused(node) or statistics & read:
+            kept += _is_fused(node)
+            nodes.append(node)
+            continue
+        nodes.extend(_split(node, split))
+        split += 1
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    return SkipNormSplit(out, split, kept)
