@@ -1,17 +1,37 @@
-"""int8 dynamic quantization and -O2 on the decoder-with-past graph keep every tag and keep generating."""
+"""int8 dynamic quantization and -O2 on the decoder-with-past graph keep every tag and keep generating;
+-O2 fuses each layer's cached attention into ONNX ``Attention``, exact on left-padded batches."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
+import pytest
 
+from modelexport.hierarchy.tags import TAG_KEY
 from modelexport.inference import pipeline
 from modelexport.metadata.schema import KEY_GENERATION
 from modelexport.metadata.store import read_metadata
 from modelexport.optimize import OptimizeConfig, optimize_model, quantize
+from modelexport.optimize.graph import OptimizeResult
+from modelexport.runtime.session import create_session
+
+from .conftest import export_causal_lm
+
+PROMPTS = ["hello world", "the quick brown fox"]  # two lengths: the first row is left-padded
+
+
+@pytest.fixture(scope="module")
+def llama_o2(llama_with_past: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, OptimizeResult]:
+    """(folder, result) of -O2 on the tiny Llama with a cache, once for this module."""
+    out = tmp_path_factory.mktemp("o2")
+    result = optimize_model(
+        llama_with_past[1] / "model.onnx", out / "model.onnx", OptimizeConfig.preset("O2")
+    )
+    return out, result
 
 
 def _first_logits(pipe: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -19,33 +39,39 @@ def _first_logits(pipe: Any, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return scores
 
 
-def test_int8_and_o2_keep_tags_cache_and_generation(llama_with_past: Any, tmp_path: Path) -> None:
+def _tag(node: onnx.NodeProto) -> str:
+    return {p.key: p.value for p in node.metadata_props}[TAG_KEY]
+
+
+def test_int8_and_o2_keep_tags_cache_and_generation(
+    llama_with_past: Any, llama_o2: tuple[Path, OptimizeResult], tmp_path: Path
+) -> None:
     _, out, _ = llama_with_past
     fp32 = pipeline("text-generation", model=out)
-    ids, mask = fp32.encode(["hello world", "the quick brown fox"])
+    ids, mask = fp32.encode(PROMPTS)
     reference = _first_logits(fp32, ids, mask)
     greedy = fp32.generate(ids, mask, fp32.settings(max_new_tokens=6))
 
     q = quantize(out / "model.onnx", tmp_path / "int8" / "model.onnx", mode="dynamic")
     assert q.coverage["coverage_pct"] == 100.0 and q.nodes_after != q.nodes_before
-    o2 = optimize_model(out / "model.onnx", tmp_path / "o2" / "model.onnx", OptimizeConfig.preset("O2"))
+    o2_dir, o2 = llama_o2
     assert o2.coverage["coverage_pct"] == 100.0
-    # the probe gives the cache a past and the mask past + new positions, padded right and left: the rotary
-    # and RMSNorm fusions are checked on it and kept (attention itself is not matched by onnxscript here)
+    # the probe gives the cache a past and the mask past + new positions, padded right and left: the rotary,
+    # RMSNorm and cached-attention fusions are checked on it and kept
     stats = o2.passes[0].record["stats"]["onnxscript"]
     assert stats["fusions"] == "all" and stats["max_abs_diff"] <= 1e-4
     assert {"rotary_embedding", "rms_normalization", "skip_rms_normalization"} <= set(stats["matched"])
-    ops = {n.op_type for n in onnx.load(tmp_path / "o2" / "model.onnx", load_external_data=False).graph.node}
+    ops = {n.op_type for n in onnx.load(o2_dir / "model.onnx", load_external_data=False).graph.node}
     # the skip form is split again for the CPU (faster there): RMS normalization stays fused
     assert {
         "RotaryEmbedding",
         "SimplifiedLayerNormalization",
     } <= ops and "SkipSimplifiedLayerNormalization" not in ops
-    for folder in ("int8", "o2"):
-        assert read_metadata(tmp_path / folder / "model.onnx")[KEY_GENERATION]["cache"]["layers"] == 2
-        assert (tmp_path / folder / "generation_config.json").is_file()
+    for folder in (tmp_path / "int8", o2_dir):
+        assert read_metadata(folder / "model.onnx")[KEY_GENERATION]["cache"]["layers"] == 2
+        assert (folder / "generation_config.json").is_file()
 
-    fused = pipeline("text-generation", model=tmp_path / "o2")
+    fused = pipeline("text-generation", model=o2_dir)
     np.testing.assert_allclose(_first_logits(fused, ids, mask), reference, atol=1e-4)
     np.testing.assert_array_equal(fused.generate(ids, mask, fused.settings(max_new_tokens=6)), greedy)
     int8 = pipeline("text-generation", model=tmp_path / "int8")
@@ -54,22 +80,92 @@ def test_int8_and_o2_keep_tags_cache_and_generation(llama_with_past: Any, tmp_pa
     assert int8.generate(ids, mask, int8.settings(max_new_tokens=6)).shape == greedy.shape
 
 
-def test_int8_after_o2_quantizes_every_weight_matmul(llama_with_past: Any, tmp_path: Path) -> None:
+def test_int8_after_o2_quantizes_every_weight_matmul(
+    llama_with_past: Any, llama_o2: tuple[Path, OptimizeResult], tmp_path: Path
+) -> None:
     """ORT's -O2 optimizer writes FusedMatMul(transB) for MatMul(x, Transpose(W)); ORT's quantizer skips
-    that op, so it goes back to MatMul first: every constant-weight product is int8 after -O2 + int8."""
+    that op, so it goes back to MatMul first: every constant-weight product is int8 after -O2 + int8.
+    ONNX's ``Attention`` (no weights) stays as it is: ORT's quantizer would write a broken QAttention."""
     _, out, _ = llama_with_past
-    optimize_model(out / "model.onnx", tmp_path / "o2" / "model.onnx", OptimizeConfig.preset("O2"))
-    o2 = onnx.load(tmp_path / "o2" / "model.onnx")
+    o2 = onnx.load(llama_o2[0] / "model.onnx")
     weights = {t.name for t in o2.graph.initializer}
     products = [n for n in o2.graph.node if n.op_type in ("MatMul", "FusedMatMul") and n.input[1] in weights]
-    q = quantize(tmp_path / "o2" / "model.onnx", tmp_path / "int8" / "model.onnx", mode="dynamic")
+    q = quantize(llama_o2[0] / "model.onnx", tmp_path / "int8" / "model.onnx", mode="dynamic")
     assert q.coverage["coverage_pct"] == 100.0
     quantized = onnx.load(tmp_path / "int8" / "model.onnx")
     consts = {t.name for t in quantized.graph.initializer}
     ops = [n.op_type for n in quantized.graph.node]
     assert not [n for n in quantized.graph.node if n.op_type == "FusedMatMul" and n.input[1] in consts]
     assert ops.count("MatMulInteger") == len(products) > 0
+    assert ops.count("Attention") == 2 and "QAttention" not in ops
     fp32, int8 = pipeline("text-generation", model=out), pipeline("text-generation", model=tmp_path / "int8")
-    ids, mask = fp32.encode(["hello world", "the quick brown fox"])
+    ids, mask = fp32.encode(PROMPTS)
     reference = _first_logits(fp32, ids, mask)
     assert np.abs(_first_logits(int8, ids, mask) - reference).max() < 0.1 * np.abs(reference).max()
+
+
+def test_o2_fuses_one_attention_per_layer_tagged_with_its_module(
+    llama_with_past: Any, llama_o2: tuple[Path, OptimizeResult]
+) -> None:
+    """Each layer's cached attention becomes one ONNX ``Attention`` (opset 23) that writes that layer's
+    ``present.*`` under the same names and carries the tag of the module that wrote them."""
+    src = onnx.load(llama_with_past[1] / "model.onnx", load_external_data=False)
+    fused = onnx.load(llama_o2[0] / "model.onnx", load_external_data=False)
+    stats = llama_o2[1].passes[0].record["stats"]
+    assert (
+        stats["matched"]["group_query_attention"] == 2 and stats["onnxscript"]["rules"]["kv_cache_gqa"] == 2
+    )
+    assert {o.domain: o.version for o in fused.opset_import}[""] == 23
+    attention = [n for n in fused.graph.node if n.op_type == "Attention" and n.domain == ""]
+    assert len(attention) == 2 and Counter(n.op_type for n in fused.graph.node)["Softmax"] == 0
+    writers = {o: n for n in src.graph.node for o in n.output}
+    for layer, node in enumerate(attention):
+        assert list(node.output[1:]) == [f"present.{layer}.key", f"present.{layer}.value"]
+        assert _tag(node) == _tag(writers[f"present.{layer}.key"])  # the layer's attention module
+    assert [o.name for o in fused.graph.output] == [o.name for o in src.graph.output]
+
+
+def test_o2_attention_is_exact_on_every_real_token_of_a_left_padded_first_step(
+    llama_with_past: Any, llama_o2: tuple[Path, OptimizeResult]
+) -> None:
+    """All logits and cache entries of real tokens equal the unfused graph's (a padding position that sees
+    no key is the only row ``Attention`` defines differently: masked for every later step)."""
+    pipe = pipeline("text-generation", model=llama_with_past[1])
+    ids, mask = pipe.encode(PROMPTS)
+    assert mask[0, 0] == 0 and mask[1].all()
+    feeds = pipe._step_feeds(ids, mask, ids.shape[1])
+    feeds.update(zip(pipe.cache.in_names, (v.numpy() for v in pipe.cache.empty(len(ids))), strict=True))
+    real = mask.astype(bool)
+    unfused = create_session(llama_with_past[1] / "model.onnx")[0]
+    fused = create_session(llama_o2[0] / "model.onnx")[0]
+    names = [o.name for o in unfused.get_outputs()]
+    for name, a, b in zip(names, unfused.run(None, feeds), fused.run(names, feeds), strict=True):
+        if name != "logits":  # cache (B, heads, S, D) -> (B, S, heads, D): positions first, as logits
+            a, b = a.transpose(0, 2, 1, 3), b.transpose(0, 2, 1, 3)
+        np.testing.assert_allclose(b[real], a[real], atol=1e-4, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name, matched",
+    [("qwen2", "group_query_attention"), ("phi3", "group_query_attention"), ("gpt2", "multi_head_attention")],
+)
+def test_o2_fuses_the_cached_attention_of_other_decoders(
+    name: str, matched: str, minilm_dir: Path, tmp_path: Path
+) -> None:
+    """Grouped heads (Qwen2, Phi3 configs) and equal heads (GPT-2) fuse one ``Attention`` per layer; greedy
+    tokens of a left-padded batch equal the unfused graph's."""
+    _, out, _ = export_causal_lm(name, minilm_dir, tmp_path)
+    result = optimize_model(out / "model.onnx", tmp_path / "o2" / "model.onnx", OptimizeConfig.preset("O2"))
+    assert (
+        result.coverage["coverage_pct"] == 100.0 and result.passes[0].record["stats"]["matched"][matched] == 2
+    )
+    ops = Counter(
+        n.op_type for n in onnx.load(tmp_path / "o2" / "model.onnx", load_external_data=False).graph.node
+    )
+    assert ops["Attention"] == 2 and ops["Softmax"] == 0
+    plain, fused = pipeline("text-generation", model=out), pipeline("text-generation", model=tmp_path / "o2")
+    ids, mask = plain.encode(PROMPTS)
+    np.testing.assert_allclose(_first_logits(fused, ids, mask), _first_logits(plain, ids, mask), atol=1e-4)
+    settings = plain.settings(max_new_tokens=8)
+    np.testing.assert_array_equal(fused.generate(ids, mask, settings), plain.generate(ids, mask, settings))

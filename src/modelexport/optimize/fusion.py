@@ -7,6 +7,14 @@ Runtime's ``onnxruntime.transformers.optimizer`` was written for TorchScript gra
 attention on dynamo graphs; it runs after this only where it still adds something (see
 :func:`ort_fusion_needed`).
 
+A decoder exported with a key/value cache gets no attention fusion from onnxscript (its
+GroupQueryAttention rule expects another mask pattern and drops the mask, assuming unpadded batches).
+:mod:`.cached_attention` then rewrites each layer's cache concatenation, repeated key/value heads and
+decomposed attention into one ONNX ``Attention`` (opset 23) that takes the graph's own padding + causal
+mask and the past, and writes ``present.*``: exact for grouped heads and any padding, left padding
+included, because the mask is applied as the graph applies it (``com.microsoft.GroupQueryAttention``
+assumes each row's cache is valid from position 0, and is slower on the CPU).
+
 Some rules assume more than the graph states: the GroupQueryAttention rule ignores the attention mask
 of a decoder exported without a KV cache (outputs differ on a padded batch). So every fusion is
 checked: the fused graph and its input run on a batch of two padded right, then left (:func:`probe_feeds`;
@@ -28,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ..hierarchy.graph import index_limits
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY
 from ..runtime.session import create_session
+from .cached_attention import fuse_cached_attention
 from .mask_index import use_mask_index
 
 if TYPE_CHECKING:
@@ -50,9 +59,9 @@ PROBE_BATCH, PROBE_SEQ, PROBE_PAD, PROBE_ID_RANGE, PROBE_PAST = 2, 8, 3, 10, 5
 #: onnxscript's per-rule counters, grouped into the fusions a user asks about (name -> counters).
 FUSION_REPORT_KEYS: dict[str, tuple[str, ...]] = {
     "attention": ("attention",),
-    "multi_head_attention": ("mha1", "mha2"),
+    "multi_head_attention": ("mha1", "mha2", "kv_cache_mha"),
     "sdpa": ("sdpa",),
-    "group_query_attention": ("gqa", "packed_qkv_for_gqa"),
+    "group_query_attention": ("gqa", "packed_qkv_for_gqa", "kv_cache_gqa"),
     "rotary_embedding": ("rotary_embedding", "partial_rotary_embedding"),
     "cos_sin_cache": ("cos_sin_cache",),
     "skip_layer_normalization": ("skip_layer_normalization",),
@@ -109,9 +118,12 @@ SAFE_FUSIONS = (
 
 
 def _all_fusions(model: Any) -> dict[str, int]:
+    """onnxscript's fusions for ORT, then the attention of a key/value cache as ONNX ``Attention``
+    (:mod:`.cached_attention`: onnxscript matches none there, and its GroupQueryAttention drops the mask)."""
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-    return optimize_for_ort(model)[1]
+    counts = optimize_for_ort(model)[1]
+    return {**counts, **fuse_cached_attention(model)}
 
 
 def _safe_only(model: Any) -> dict[str, int]:

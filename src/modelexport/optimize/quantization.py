@@ -68,6 +68,7 @@ __all__ = [
     "quantize_proto",
     "excluded_nodes",
     "restore_float_inputs",
+    "standard_attention_nodes",
     "quantized_per_module",
 ]
 
@@ -258,6 +259,13 @@ def excluded_nodes(model: Any, patterns: tuple[str, ...]) -> list[str]:
     # ORT's operator-format quantizer rewrites Gemm into <name>_MatMul + <name>_Add before it
     # applies nodes_to_exclude: exclude those names too, or an excluded Gemm is quantized anyway.
     return chosen + [f"{g}{suffix}" for g in chosen if g in gemms for suffix in _GEMM_PARTS]
+
+
+def standard_attention_nodes(model: Any) -> list[str]:
+    """Names of ONNX's own ``Attention`` nodes (what ``-O2`` makes of a cached attention): ORT's integer
+    quantizer takes any ``Attention`` for ``com.microsoft.Attention`` by op type and writes an invalid
+    ``QAttention`` for it. The op has no weights, so it stays float (excluded) and loses nothing."""
+    return [n.name for n in model.graph.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]
 
 
 def restore_float_inputs(model: Any, names: list[str], original: Any) -> int:
@@ -488,7 +496,7 @@ def quantize_proto(
     quantized, more = run_passes(
         work,
         [
-            Retagged(QuantizeMode(cfg, tuple(exclude), samples, data_dir)),
+            Retagged(QuantizeMode(cfg, (*exclude, *standard_attention_nodes(work)), samples, data_dir)),
             CarryMetadata(model, RECORD_KEY, record),
         ],
     )
