@@ -57,7 +57,7 @@ class _EncoderDecoder(TextGenerationPipeline):
     def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
         super().__init__(session, processor, **kwargs)
         folder = self.model_path.parent if self.model_path else None
-        graphs = package_components(folder) if folder else {}
+        graphs = package_components(folder, self.model_path) if folder else {}  # the encoder's own set
         missing = [r for r in ("decoder", "decoder_with_past") if r not in graphs]
         if missing:
             raise MetadataError(
