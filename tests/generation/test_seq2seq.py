@@ -20,7 +20,8 @@ from modelexport.hierarchy.tags import TAG_KEY
 from modelexport.inference import pipeline
 from modelexport.metadata.schema import KEY_GENERATION, KEY_TASK
 from modelexport.metadata.store import read_metadata
-from modelexport.onnxfile import read_manifest, resolve_model_path
+from modelexport.onnxfile import read_manifest, resolve_model_path, sidecar_path_for, variant_file
+from modelexport.optimize import tag_coverage
 
 from .conftest import save_whisper
 
@@ -208,13 +209,136 @@ def test_refusals_come_before_any_output(t5_with_past: Any, tmp_path: Path) -> N
 
     src, _, _ = t5_with_past
     with pytest.raises(ConfigError, match="not supported"):
-        export(src, tmp_path / "a", task="text2text-generation-with-past", optimize="O2")
+        export(src, tmp_path / "a", task="text2text-generation-with-past", with_report=True)
+    with pytest.raises(ConfigError, match="static is refused"):
+        export(src, tmp_path / "a", task="text2text-generation-with-past", optimize="O2", quantize="static")
     with pytest.raises(ConfigError, match="is an encoder-decoder") as info:
         export(src, tmp_path / "b", task="text-generation-with-past")
     assert "text2text-generation-with-past" in str(info.value.hint)
     with pytest.raises(ConfigError, match="needs an encoder-decoder"):
         export(torch.nn.Linear(4, 2), tmp_path / "c", task="text2text-generation-with-past")
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------- -O2 and int8 of every graph
+#: int8 (dynamic) vs fp32 first-step logits (tiny T5, tiny Whisper): max abs diff over the logits' range.
+INT8_REL_BOUND = 0.05
+
+
+def _graph_set(suffix: str) -> dict[str, str]:
+    roles = ("encoder", "decoder", "decoder_with_past")
+    return {role: variant_file(f, suffix) for role, f in zip(roles, FILES, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def t5_o2_int8(t5_with_past: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    src, _, _ = t5_with_past
+    out = tmp_path_factory.mktemp("t5_o2") / "out"
+    return out, export(src, out, task="text2text-generation-with-past", optimize="O2", quantize="dynamic")
+
+
+def _first_step_logits(pipe: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    start = np.full((len(next(iter(feeds.values()))), 1), pipe.start_id, np.int64)
+    return pipe._advance(start, start, 1, pipe._begin(start, start, feeds))[0]
+
+
+def _assert_int8_close(fp32: Any, int8: Any, feeds: dict[str, np.ndarray]) -> None:
+    ref, got = _first_step_logits(fp32, feeds), _first_step_logits(int8, feeds)
+    assert np.abs(got - ref).max() <= INT8_REL_BOUND * np.ptp(ref), np.abs(got - ref).max() / np.ptp(ref)
+
+
+def _optimum_set(ort_model: Any, folder: Path, suffix: str) -> Any:
+    """Optimum's ORTModel for seq2seq on one graph set of the package, by file name."""
+    files = _graph_set(suffix)
+    return ort_model.from_pretrained(
+        folder,
+        encoder_file_name=files["encoder"],
+        decoder_file_name=files["decoder"],
+        decoder_with_past_file_name=files["decoder_with_past"],
+    )
+
+
+@pytest.mark.must
+def test_optimize_and_quantize_write_every_graph_tagged_checked_and_listed(t5_o2_int8: Any) -> None:
+    out, result = t5_o2_int8
+    o2, int8 = _graph_set("O2"), _graph_set("dynamic")
+    manifest = read_manifest(out)
+    assert manifest["variants"] == {"O2": o2, "dynamic": int8}
+    assert manifest["deployed_model"] == "encoder_model_O2.onnx" == resolve_model_path(out).name
+    graphs = [*FILES, *o2.values(), *int8.values()]
+    assert {n for g in graphs for n in (g, sidecar_path_for(g).name)} <= set(manifest["files"])
+    for role, exported in zip(o2, FILES, strict=True):
+        generation = read_metadata(out / exported)[KEY_GENERATION]
+        for name in (exported, o2[role], int8[role]):
+            model = onnx.load(str(out / name))
+            assert tag_coverage(model)["coverage_pct"] == 100.0, name
+            assert len(json.loads(sidecar_path_for(out / name).read_text())["nodes"]) == len(model.graph.node)
+            meta = read_metadata(out / name)  # carried: the task and the cache layout the pipeline reads
+            assert meta[KEY_TASK] == "text2text-generation" and meta[KEY_GENERATION] == generation, name
+    assert read_metadata(out / int8["decoder"])["modelexport.quantization"]["mode"] == "dynamic"
+    assert read_metadata(out / o2["decoder"])["modelexport.optimization"]["preset_name"] == "O2"
+    checked = result.parity["files"]  # each -O2 graph against PyTorch on its own example inputs
+    assert set(checked) == set(o2.values()) and all(c["passed"] for c in checked.values())
+    assert max(v for c in checked.values() for v in c["max_abs_diff"].values()) < 1e-4
+    assert all(g.coverage["coverage_pct"] == 100.0 for g in result.components.values())
+
+
+@pytest.mark.must
+def test_o2_package_is_deployed_and_decodes_the_fp32_tokens(t5_o2_int8: Any, t5_gen: Any) -> None:
+    out, _ = t5_o2_int8
+    fp32, _, feeds = t5_gen
+    o2 = pipeline("text2text-generation", model=out)
+    assert o2.model_path == out / "encoder_model_O2.onnx"
+    assert Path(o2.with_past._model_path) == out / "decoder_with_past_model_O2.onnx"
+    for options in ({"num_beams": 1}, {"num_beams": 3}):
+        settings = dict(max_new_tokens=12, **options)
+        np.testing.assert_array_equal(
+            o2.generate_from(feeds, o2.settings(**settings)),
+            fp32.generate_from(feeds, fp32.settings(**settings)),
+        )
+
+
+@pytest.mark.must
+def test_int8_package_stays_close_and_optimum_loads_it(
+    t5_o2_int8: Any, t5_gen: Any, t5_with_past: Any
+) -> None:
+    """Our pipeline on encoder_model_dynamic.onnx opens the int8 decoders; ORTModelForSeq2SeqLM loads the same
+    three files by name and generates our tokens."""
+    import transformers
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    out, _ = t5_o2_int8
+    fp32, _, feeds = t5_gen
+    int8 = pipeline("text2text-generation", model=out / "encoder_model_dynamic.onnx")
+    assert Path(int8.first_step._model_path) == out / "decoder_model_dynamic.onnx"
+    _assert_int8_close(fp32, int8, feeds)
+    ours = int8.generate_from(feeds, int8.settings(max_new_tokens=8, num_beams=1))
+    optimum = _optimum_set(ORTModelForSeq2SeqLM, out, "dynamic")
+    tok = transformers.AutoTokenizer.from_pretrained(str(t5_with_past[0]))
+    enc = tok(PROMPTS, padding=True, return_tensors="pt")
+    enc.pop("token_type_ids", None)
+    np.testing.assert_array_equal(optimum.generate(**enc, max_new_tokens=8, do_sample=False).numpy(), ours)
+
+
+def test_quantize_cli_on_the_folder_writes_a_package_optimum_loads(
+    t5_with_past: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import transformers
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    src, out, _ = t5_with_past
+    assert main(["quantize", str(out), "-o", str(tmp_path / "int8")]) == 0
+    assert "Quantized the 3 graphs" in capsys.readouterr().out
+    pkg = tmp_path / "int8"
+    assert read_manifest(pkg)["components"] == read_manifest(out)["components"]
+    assert all(tag_coverage(onnx.load(str(pkg / f)))["coverage_pct"] == 100.0 for f in FILES)
+    tok = transformers.AutoTokenizer.from_pretrained(str(src))
+    enc = tok(PROMPTS, padding=True, return_tensors="pt")
+    enc.pop("token_type_ids", None)
+    optimum = ORTModelForSeq2SeqLM.from_pretrained(pkg).generate(**enc, max_new_tokens=8, do_sample=False)
+    pipe = pipeline("text2text-generation", model=pkg)
+    ours = pipe.generate_from(pipe.processor(texts=PROMPTS), pipe.settings(max_new_tokens=8, num_beams=1))
+    np.testing.assert_array_equal(optimum.numpy(), ours)
 
 
 # ------------------------------------------------------------------------------------------ Whisper
@@ -333,3 +457,59 @@ def test_each_graph_has_the_topology_of_a_plain_export(t5_with_past: Any, tmp_pa
     result = export(src, tmp_path / "out", task="text2text-generation-with-past", verify_topology=True)
     assert result.topology_identical is True
     assert all(graph.topology_identical for graph in result.components.values())
+
+
+def _wav(path: Path, samples: np.ndarray) -> Path:
+    import wave
+
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes((np.clip(samples, -1, 1) * 32767).astype(np.int16).tobytes())
+    return path
+
+
+def test_cli_infer_passes_language_and_task_to_the_speech_pipeline(
+    whisper: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, out, _ = whisper
+    folder, _ = _checkpoint_like(src, out, tmp_path)
+    wav = _wav(tmp_path / "a.wav", _waves()[0])
+    args = ["infer", str(folder), "--audio", str(wav), "--max-new-tokens", "6", "--json"]
+    assert main([*args, "--language", "fr", "--task", "translate"]) == 0
+    text = json.loads(capsys.readouterr().out)["predictions"][0]["text"]
+    pipe = pipeline(model=folder)
+    assert text == pipe(str(wav), max_new_tokens=6, language="fr", task="translate")["text"]
+    assert (
+        text != pipe(str(wav), max_new_tokens=6, language="de", task="transcribe")["text"]
+    )  # prompt differs
+    for package, option, message in (
+        (out, ["--language", "fr"], "no language tokens"),  # the tiny Whisper's own config has none
+        (out, ["--task", "translate"], "no decoder task tokens"),
+        (folder, ["--language", "xx"], "not one of this model's languages"),
+    ):
+        assert main(["infer", str(package), "--audio", str(wav), *option]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Hint:" in err and "Traceback" not in err
+
+
+def test_whisper_o2_and_int8_packages(whisper: Any, tmp_path: Path) -> None:
+    import torch
+    from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
+
+    src, out, _ = whisper
+    opt = tmp_path / "opt"
+    result = export(
+        src, opt, task="automatic-speech-recognition-with-past", optimize="O2", quantize="dynamic"
+    )
+    assert result.parity["passed"] and set(result.parity["files"]) == set(_graph_set("O2").values())
+    fp32, o2 = pipeline(model=out), pipeline(model=opt)
+    assert o2.model_path == opt / "encoder_model_O2.onnx"
+    feeds = fp32.processor(audio=_waves())
+    greedy = fp32.generate_from(feeds, fp32.settings(max_new_tokens=8))
+    np.testing.assert_array_equal(o2.generate_from(feeds, o2.settings(max_new_tokens=8)), greedy)
+    int8 = pipeline(model=opt / "encoder_model_dynamic.onnx")
+    _assert_int8_close(fp32, int8, feeds)
+    ours = int8.generate_from(feeds, int8.settings(max_new_tokens=8))
+    optimum = _optimum_set(ORTModelForSpeechSeq2Seq, opt, "dynamic")
+    features = torch.from_numpy(feeds["input_features"])
+    np.testing.assert_array_equal(optimum.generate(features, max_new_tokens=8).numpy(), ours[:, 1:])

@@ -265,3 +265,28 @@ def test_infer_cli_names_the_input_option_the_task_needs(
     assert main(["infer", str(cnn_export.output_dir), "--text", "hello"]) == 1
     err = capsys.readouterr().err
     assert "takes --image, not --text" in err and "Traceback" not in err
+
+
+@pytest.mark.must
+def test_infer_cli_speech_options_are_checked_before_running(
+    task_export: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--language / --task transcribe|translate: values checked before anything loads (an empty folder is
+    never opened), and refused for a model that is no speech package; the Whisper pass-through runs in
+    tests/generation/test_seq2seq.py (slow)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args, message in (
+        (["--text", "x", "--language", " "], "--language must be a language code"),
+        (["--text", "x", "--task", "summarise"], "or transcribe or translate for a speech decoder"),
+        (["--language", "fr", "--data", str(empty), "--output", str(tmp_path / "p.jsonl")], "not --data"),
+    ):
+        assert main(["infer", str(empty), *args]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "no .onnx file" not in err, err
+    folder = str(task_export("seq_cls").output_dir)
+    for args in (["--task", "translate"], ["--language", "fr"]):
+        assert main(["infer", folder, "--text", "good", *args]) == 1
+        err = capsys.readouterr().err
+        assert "is for speech recognition" in err and "this model's task is text-classification" in err
+        assert "Hint:" in err and "Traceback" not in err

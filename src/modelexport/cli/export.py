@@ -21,12 +21,18 @@ def _shape(value: str | None) -> tuple[int, ...] | None:
         raise click.BadParameter(f"expected integers like 2,16 or 1,3,224,224, got {value!r}") from exc
 
 
+def _coverage(cov: dict[str, Any], graph: str = "") -> str:
+    sources = ", ".join(f"{k} {v}" for k, v in sorted(cov["by_source"].items()))
+    return (
+        f"  hierarchy tags{graph}: {cov['coverage_pct']}% of nodes ({sources}), {cov['unique_tags']} modules"
+    )
+
+
 def _summary(result: Any) -> str:
-    cov = result.coverage
+    graphs = result.components or {result.onnx_path.name: result}
     lines = [
         f"Exported {result.onnx_path} ({result.exporter}, opset {result.opset}, {result.node_count} nodes)",
-        f"  hierarchy tags: {cov['coverage_pct']}% of nodes "
-        f"({', '.join(f'{k} {v}' for k, v in sorted(cov['by_source'].items()))}), {cov['unique_tags']} modules",
+        *(_coverage(g.coverage, f" ({name})" if result.components else "") for name, g in graphs.items()),
     ]
     if result.topology_identical is not None:
         lines.append("  topology: identical to plain torch.onnx.export")
@@ -133,14 +139,16 @@ def _summary(result: Any) -> str:
     type=click.Choice(["none", "dynamic", "static"]),
     default="none",
     show_default=True,
-    help="Also write an int8 model beside model.onnx (from the optimized graph with --optimize).",
+    help="Also write an int8 model beside model.onnx (from the optimized graph with --optimize); for an "
+    "encoder-decoder task, each graph's <stem>_dynamic.onnx (static is refused there: no decoder calibration).",
 )
 @click.option(
     "--optimize",
     type=click.Choice(["O1", "O2", "O3", "O4"]),
     default=None,
     help="Also write model_<level>.onnx, optimized like `modelexport optimize -O<n>` (O2: transformer "
-    "fusions), checked against PyTorch and recorded as the deployed model of the package.",
+    "fusions), checked against PyTorch and recorded as the deployed model of the package; for an "
+    "encoder-decoder task, each graph's <stem>_<level>.onnx, the set the pipelines load.",
 )
 @click.option(
     "--overwrite",

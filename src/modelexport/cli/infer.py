@@ -15,6 +15,8 @@ import click
 from ..batch import batch_infer
 from ..errors import ConfigError
 from ..inference import pipeline
+from ..inference.pipelines.seq2seq import SPEECH_DECODER_TASKS, SpeechRecognitionPipeline
+from ..metadata.tasks import normalize_task
 from .options import ray_engine_options
 
 __all__ = ["infer_cmd"]
@@ -45,6 +47,40 @@ def _check_modality(pipe: Any, kind: str) -> None:
             f"this model's task is {pipe.task}: it takes {_OPTION_FOR[wanted]}, not {_OPTION_FOR[kind]}",
             hint=f"run `modelexport infer MODEL {_OPTION_FOR[wanted]} ...`",
         )
+
+
+def _speech_options(task: str | None, language: str | None) -> tuple[str | None, dict[str, str]]:
+    """(the pipeline task, the speech decoder's prompt options) from --task and --language, before any work:
+    --task transcribe|translate is the decoder's task (Whisper's ``task=``), any other --task the pipeline's."""
+    prompt: dict[str, str] = {}
+    if task is not None and task.strip().lower() in SPEECH_DECODER_TASKS:
+        prompt["task"], task = task.strip().lower(), None
+    elif task is not None:
+        try:
+            normalize_task(task)
+        except ConfigError as exc:
+            decoder = " or ".join(SPEECH_DECODER_TASKS)
+            raise ConfigError(
+                str(exc), hint=f"--task is a pipeline task, or {decoder} for a speech decoder"
+            ) from exc
+    if language is not None:
+        if not language.strip() or any(c.isspace() for c in language.strip()):
+            raise ConfigError(f"--language must be a language code such as en or fr, got {language!r}")
+        prompt["language"] = language.strip()
+    return task, prompt
+
+
+def _check_speech_options(pipe: Any, prompt: dict[str, str]) -> None:
+    """--language / --task transcribe|translate only for a speech package whose decoder can be prompted so."""
+    if not prompt:
+        return
+    given = " and ".join(f"--{k} {v}" for k, v in sorted(prompt.items()))
+    if not isinstance(pipe, SpeechRecognitionPipeline):
+        raise ConfigError(
+            f"{given} is for speech recognition (Whisper-style packages); this model's task is {pipe.task}",
+            hint="leave it out, or pass a package exported with --task automatic-speech-recognition-with-past",
+        )
+    pipe.check_prompt(**prompt)
 
 
 # --- batch: --data PATH --output PRED, on this process or on Ray ------------------------------------------
@@ -234,7 +270,18 @@ def _check_generation_options(
     type=click.Path(exists=True, dir_okay=False),
     help="PCM .wav file (repeatable).",
 )
-@click.option("--task", default=None, help="Task (default: the embedded one).")
+@click.option(
+    "--task",
+    default=None,
+    help="Pipeline task (default: the embedded one); for a speech package, transcribe or translate: the "
+    "decoder's task (Whisper; needs task tokens in its generation_config.json).",
+)
+@click.option(
+    "--language",
+    default=None,
+    help="Speech recognition: the spoken language as a code of the package's generation_config.json "
+    "(lang_to_id: en, fr, ...); default: detected per input when the package has language tokens.",
+)
 @click.option(
     "--ep",
     "providers",
@@ -263,6 +310,7 @@ def infer_cmd(
     images: tuple[str, ...],
     audio: tuple[str, ...],
     task: str | None,
+    language: str | None,
     providers: str | None,
     batch_size: int | None,
     top_k: int | None,
@@ -277,11 +325,16 @@ def infer_cmd(
     generation = {k: options.pop(k) for k in GENERATION_KEYS}
     batch = options
     _batch_only(batch, bool(texts or images or audio or question))
+    task, prompt = _speech_options(task, language)
     if batch["data"] is not None:
+        if prompt:
+            raise ConfigError(
+                "--language and --task transcribe|translate apply to --audio inputs, not --data"
+            )
         return _run_batch(model, task, providers, batch_size or 32, top_k, as_json, batch)
     batch_size = batch_size or 1
     items, kind = _inputs(texts, images, audio, question)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(prompt)
     if top_k is not None:
         kwargs["top_k"] = top_k
     kwargs.update({k: v for k, v in generation.items() if v is not None})
@@ -289,6 +342,7 @@ def infer_cmd(
     pipe = pipeline(task, model, providers=providers, batch_size=batch_size)
     load_ms = (time.perf_counter() - start) * 1000
     _check_modality(pipe, kind)
+    _check_speech_options(pipe, prompt)
     _check_generation_options(pipe, generation, streaming=not as_json and len(items) == 1, kwargs=kwargs)
     start = time.perf_counter()
     predictions = pipe(items, **kwargs)

@@ -18,6 +18,7 @@ from ..optimize.config import (
     QuantizeConfig,
 )
 from ..optimize.graph import optimize_model
+from ..optimize.package import PackageResult
 from ..optimize.quantization import quantize
 from ..runtime.session import GRAPH_LEVEL_ALIASES, GRAPH_LEVELS
 
@@ -26,6 +27,24 @@ __all__ = ["quantize_cmd", "optimize_cmd"]
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
+
+
+def package_summary(result: PackageResult, summary: Any) -> str:
+    """Each graph's summary (``summary(result)``) under one line for the package."""
+    verb = {"quantize": "Quantized", "optimize": "Optimized"}[result.kind]
+    lines = [f"{verb} the {len(result.components)} graphs of {result.input_dir} -> {result.output_dir}"]
+    for role, graph in result.components.items():
+        lines.append(f"  {role}:")
+        lines += [f"    {line}" for line in summary(graph).splitlines()]
+    lines.append(f"  package: {', '.join(result.files)}")
+    return "\n".join(lines)
+
+
+def _print(result: Any, fmt: str, summary: Any) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        click.echo(package_summary(result, summary) if isinstance(result, PackageResult) else summary(result))
 
 
 def quantize_summary(result: Any) -> str:
@@ -67,9 +86,20 @@ def quantize_summary(result: Any) -> str:
     return "\n".join(lines)
 
 
+#: -o of both commands: a file, or a folder for a package of several graphs.
+_OUTPUT = click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(),
+    help="Output .onnx file; for a multi-graph package (encoder-decoder: its manifest lists the graphs) a new "
+    "folder that gets every graph, under its exported name, and the package's files.",
+)
+
+
 @click.command("quantize")
 @click.argument("model", type=click.Path())
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .onnx file.")
+@_OUTPUT
 @click.option(
     "--preset",
     type=click.Choice(QuantizeConfig.preset_names()),
@@ -179,7 +209,11 @@ def quantize_summary(result: Any) -> str:
     help="Summary format.",
 )
 def quantize_cmd(model: str, output: str, preset: str | None, **opts: Any) -> int:
-    """int8-quantize MODEL; hierarchy tags, metadata and the sidecar are carried to the output."""
+    """int8-quantize MODEL; hierarchy tags, metadata and the sidecar are carried to the output.
+
+    MODEL is a .onnx file or a package folder; an encoder-decoder package (three graphs) is quantized
+    graph by graph (dynamic mode) into the folder -o, a complete package.
+    """
     fmt = opts.pop("fmt")
     node_data = opts.pop("node_data")
     if node_data and not opts["error_report"]:
@@ -193,9 +227,7 @@ def quantize_cmd(model: str, output: str, preset: str | None, **opts: Any) -> in
     result = quantize(model, output, config, **run)
     if node_data:
         write_node_data(node_data, error_overlay(result.output_path, result.error_report or []))
-    click.echo(
-        json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else quantize_summary(result)
-    )
+    _print(result, fmt, quantize_summary)
     return 0
 
 
@@ -243,7 +275,7 @@ def optimize_summary(result: Any) -> str:
 
 @click.command("optimize")
 @click.argument("model", type=click.Path())
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Output .onnx file.")
+@_OUTPUT
 @click.option(
     "--preset",
     type=click.Choice(list(OPTIMIZE_PRESETS)),
@@ -316,11 +348,13 @@ def optimize_summary(result: Any) -> str:
     help="Summary format.",
 )
 def optimize_cmd(model: str, output: str, fmt: str, preset: str | None, **opts: Any) -> int:
-    """Optimize MODEL's graph; fused nodes are tagged with the common module of what they replaced."""
+    """Optimize MODEL's graph; fused nodes are tagged with the common module of what they replaced.
+
+    MODEL is a .onnx file or a package folder; an encoder-decoder package (three graphs) is optimized
+    graph by graph into the folder -o, a complete package.
+    """
     base = OptimizeConfig.preset(preset) if preset else OptimizeConfig()
     config = base.with_changes(**{k: v for k, v in opts.items() if v not in (None, False)})
     result = optimize_model(model, output, config)
-    click.echo(
-        json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else optimize_summary(result)
-    )
+    _print(result, fmt, optimize_summary)
     return 0

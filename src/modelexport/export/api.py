@@ -20,8 +20,20 @@ from ..hierarchy.sidecar import build_sidecar
 from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
 from ..metadata.embed import embed_metadata_pass, package_pass
-from ..onnxfile import COMPONENTS_KEY, EXTERNAL_DATA_THRESHOLD, sidecar_path_for
-from ..optimize.export_pass import PARITY_FILES_KEY, optimize_package_pass, quantize_package_pass
+from ..onnxfile import (
+    COMPONENTS_KEY,
+    DEPLOYED_KEY,
+    EXTERNAL_DATA_THRESHOLD,
+    VARIANTS_KEY,
+    sidecar_path_for,
+    variant_file,
+)
+from ..optimize.export_pass import (
+    PARITY_FILES_KEY,
+    optimize_package_pass,
+    package_variants,
+    quantize_package_pass,
+)
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
 from .context import EXPORT_LOG, ExportContext, StageLog
@@ -40,7 +52,7 @@ from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for, runner_for
 from .report import render_export_report
 from .sentence import sentence_package_pass
-from .seq2seq import build_seq2seq_inputs, is_seq2seq_task
+from .seq2seq import build_seq2seq_inputs, check_seq2seq_config, is_seq2seq_task
 from .topology import compare_topology
 
 __all__ = ["ExportResult", "export", "PACKAGE_PASSES", "MODEL_FILE"]
@@ -272,6 +284,8 @@ def export(
     cfg = (config or ExportConfig()).with_changes(**options) if options else (config or ExportConfig())
     output_dir = Path(output_dir)
     check_device(cfg.device)
+    if is_seq2seq_task(cfg):
+        check_seq2seq_config(cfg)
     replaced = plan_replacement(output_dir, cfg.overwrite)
     with atomic_dir(output_dir) as staging:
         stages = StageLog(on_stage=on_stage, logger=EXPORT_LOG)
@@ -279,7 +293,7 @@ def export(
         results = []
         for file, inputs in graphs:
             log_ = stages if len(graphs) == 1 else StageLog(on_stage=on_stage, logger=EXPORT_LOG)
-            ctx = ExportContext(cfg, loaded, inputs, None, staging, tokenizer=tokenizer, stages=log_)
+            ctx = ExportContext(cfg, loaded, inputs, None, staging, file, tokenizer=tokenizer, stages=log_)
             if len(graphs) > 1:
                 _package_of(ctx, [f for f, _ in graphs])
             results.append(_export_graph(ctx, output_dir, file))
@@ -347,9 +361,18 @@ def _prepare(
 
 
 def _package_of(ctx: ExportContext, files: list[str]) -> None:
-    """A graph of a multi-graph package: the manifest lists every graph (the first runs first) and file."""
-    ctx.extra[COMPONENTS_KEY] = {Path(f).stem.removesuffix("_model"): f for f in files}
-    ctx.extra["package_files"] = [n for f in files for n in (f, sidecar_path_for(f).name)]
+    """A graph of a multi-graph package: the manifest lists every graph (the first runs first), the copies
+    ``--optimize`` / ``--quantize`` write of each (the optimized set is deployed) and every file."""
+    graphs = {Path(f).stem.removesuffix("_model"): f for f in files}
+    suffixes, deployed = package_variants(ctx.config.optimize, ctx.config.quantize)
+    variants = {s: {role: variant_file(f, s) for role, f in graphs.items()} for s in suffixes}
+    ctx.extra[COMPONENTS_KEY] = graphs
+    if variants:
+        ctx.extra[VARIANTS_KEY] = variants
+    if deployed:
+        ctx.extra[DEPLOYED_KEY] = variant_file(files[0], deployed)
+    every = [f for s in (graphs, *variants.values()) for f in s.values()]
+    ctx.extra["package_files"] = [n for f in every for n in (f, sidecar_path_for(f).name)]
 
 
 def _combined(results: list[ExportResult], stages: StageLog) -> ExportResult:
@@ -372,13 +395,13 @@ def _combined(results: list[ExportResult], stages: StageLog) -> ExportResult:
                 for k, v in r.parity["max_abs_diff"].items()
             },
         }
+        files_parity = {n: f for p in parities for n, f in p.get("files", {}).items()}
+        if files_parity:  # the optimized copies of the graphs
+            parity["files"] = files_parity
     topology = [r.topology_identical for r in results]
-    files = dict(last.files)
-    for r in results:
-        stem = r.onnx_path.stem
-        files[stem], files[f"{stem}_hierarchy"] = r.onnx_path.name, r.hierarchy_path.name
-    files.pop("model", None)
-    files.pop("hierarchy", None)
+    files = {k: v for k, v in last.files.items() if not _of_graph(v, last)}  # the package's shared files
+    for r in results:  # each graph's own files (the graph, its sidecar, its copies), by stem
+        files.update({Path(v).stem: v for v in r.files.values() if _of_graph(v, r)})
     return ExportResult(
         output_dir=first.output_dir,
         onnx_path=first.onnx_path,
@@ -399,6 +422,12 @@ def _combined(results: list[ExportResult], stages: StageLog) -> ExportResult:
         extra=last.extra,
         components={r.onnx_path.name: r for r in results},
     )
+
+
+def _of_graph(name: str, result: ExportResult) -> bool:
+    """Whether ``name`` is one of the graph's own files: ``<stem>.onnx``, ``<stem>_hierarchy.json``, ``<stem>_O2.onnx``..."""
+    stem = result.onnx_path.stem
+    return name == result.onnx_path.name or name.startswith(f"{stem}_")
 
 
 def _opset(proto: Any) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .._stages import StageLog
+from ..onnxfile import DEFAULT_MODEL_FILE
 from .config import ExportConfig
 from .inputs import ExampleInputs
 from .loading import LoadedModel
@@ -31,6 +32,8 @@ class ExportContext:
     inputs: ExampleInputs
     model_proto: Any
     staging_dir: Path
+    #: The graph's file name in the package (``model.onnx``; ``encoder_model.onnx``... for several graphs).
+    model_file: str = DEFAULT_MODEL_FILE
     tree: Any = None
     tagging: Any = None
     tokenizer: Any = None

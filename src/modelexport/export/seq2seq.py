@@ -17,6 +17,9 @@ for ``forward`` while the graph is captured and checked (:meth:`StepInputs.bind`
 are paths of the same module tree and no model code is patched. The past is transformers'
 ``EncoderDecoderCache``, flattened by our pytree registration (:func:`.generation.register_cache_pytree`);
 its layout comes from a real first step of the model.
+
+``--optimize`` and ``--quantize dynamic`` run on each graph (:mod:`..optimize.export_pass`); static
+quantization is refused: its ranges would come from one random decoder step (see :func:`check_seq2seq_config`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
     "SEQ2SEQ_UNSUPPORTED_OPTIONS",
     "StepInputs",
     "SEQ2SEQ_TASKS",
+    "check_seq2seq_config",
     "is_seq2seq_task",
     "build_seq2seq_inputs",
 ]
@@ -61,8 +65,8 @@ DECODER_FILE = "decoder_model.onnx"
 DECODER_WITH_PAST_FILE = "decoder_with_past_model.onnx"
 #: The pipelines whose ``-with-past`` export is an encoder-decoder package.
 SEQ2SEQ_TASKS = ("text2text-generation", "automatic-speech-recognition")
-#: Export options that write one extra file per graph or dump one graph; not offered for three graphs yet.
-SEQ2SEQ_UNSUPPORTED_OPTIONS = ("optimize", "quantize", "fx_graph", "jit_graph", "with_report")
+#: Export options that report on or dump one graph; not offered for three graphs yet.
+SEQ2SEQ_UNSUPPORTED_OPTIONS = ("fx_graph", "jit_graph", "with_report")
 _ENCODER_AXES = {0: "batch_size", 1: "encoder_sequence_length"}
 #: The sequence axis of a cache input, by side: the decoder's own past grows, the encoder's is its length.
 _PAST_AXIS = {"decoder": "past_decoder_sequence_length", "encoder": "encoder_sequence_length"}
@@ -171,19 +175,30 @@ class StepInputs(ExampleInputs):
 
 
 # ------------------------------------------------------------------------------------------- inputs
-def _check(module: Any, cfg: ExportConfig) -> None:
+def check_seq2seq_config(cfg: ExportConfig) -> None:
+    """The options an encoder-decoder export refuses, checked before the model loads."""
     check_with_past_config(cfg)
+    given = [o for o in SEQ2SEQ_UNSUPPORTED_OPTIONS if getattr(cfg, o) not in (None, False, "none")]
+    if given:
+        raise ConfigError(
+            f"task {cfg.task} writes three graphs; {', '.join(given)} is not supported for it yet",
+            hint="export without it; --optimize and --quantize dynamic run on every graph",
+        )
+    if cfg.quantize == "static":
+        raise ConfigError(
+            f"task {cfg.task}: --quantize static is refused; a decoder's activation ranges depend on the step, "
+            "the past length and the encoder output, and the export has one random example of each",
+            hint="use --quantize dynamic (int8 weights, activation ranges computed at run time: no calibration)",
+        )
+
+
+def _check(module: Any, cfg: ExportConfig) -> None:
+    check_seq2seq_config(cfg)
     if not is_encoder_decoder(module):
         raise ConfigError(
             f"task {cfg.task} needs an encoder-decoder model (config.is_encoder_decoder and get_encoder()); "
             f"{type(module).__name__} is not one",
             hint="decoder-only models export with --task text-generation-with-past",
-        )
-    given = [o for o in SEQ2SEQ_UNSUPPORTED_OPTIONS if getattr(cfg, o) not in (None, False, "none")]
-    if given:
-        raise ConfigError(
-            f"task {cfg.task} writes three graphs; {', '.join(given)} is not supported for it yet",
-            hint="export without it, then optimize or quantize each graph file with its own command",
         )
 
 

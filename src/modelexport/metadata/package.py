@@ -12,7 +12,7 @@ from typing import Any
 
 from .._io import write_json
 from ..errors import MetadataError
-from ..onnxfile import COMPONENTS_KEY, PACKAGE_MANIFEST
+from ..onnxfile import COMPONENTS_KEY, DEPLOYED_KEY, PACKAGE_MANIFEST, VARIANTS_KEY
 from .build import PROCESSOR_FILES, complete_processor_config
 
 __all__ = ["safe_join", "write_package_files", "processor_file_names"]
@@ -99,8 +99,9 @@ def write_package_files(ctx: Any) -> list[str]:
             "stats": ctx.extra.get("metadata_stats"),
             "files": sorted({*written, *ctx.extra.get("package_files", ())}),  # + files earlier passes wrote
         }
-        if ctx.extra.get(COMPONENTS_KEY):  # a multi-graph package: its graphs, the first runs first
-            doc[COMPONENTS_KEY] = ctx.extra[COMPONENTS_KEY]
+        for key in (COMPONENTS_KEY, VARIANTS_KEY, DEPLOYED_KEY):  # a multi-graph package: its graph sets
+            if ctx.extra.get(key):
+                doc[key] = ctx.extra[key]
         write_json(ctx.staging_dir / PACKAGE_MANIFEST, doc)
         written.append(PACKAGE_MANIFEST)
         ctx.files["export_metadata"] = PACKAGE_MANIFEST

@@ -12,10 +12,14 @@ from .resolve import (
     DEFAULT_MODEL_FILE,
     DEPLOYED_KEY,
     PACKAGE_MANIFEST,
+    VARIANTS_KEY,
+    component_names,
     package_components,
     read_manifest,
     record_deployed_model,
     resolve_model_path,
+    variant_file,
+    write_derived_manifest,
 )
 from .save import (
     EXTERNAL_DATA_THRESHOLD,
@@ -34,7 +38,9 @@ __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
     "PACKAGE_MANIFEST",
     "SIDECAR_SUFFIX",
+    "VARIANTS_KEY",
     "check_external_locations",
+    "component_names",
     "external_tensors",
     "load_external_tensors",
     "load_onnx",
@@ -49,4 +55,6 @@ __all__ = [
     "resolve_model_path",
     "save_onnx",
     "sidecar_path_for",
+    "variant_file",
+    "write_derived_manifest",
 ]

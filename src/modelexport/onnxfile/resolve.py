@@ -2,10 +2,14 @@
 
 A file is itself. A folder (an export package, a pipeline output) means, in order: the deployed model
 its manifest records (``export_metadata.json`` -> ``deployed_model``, written by the pipeline when it
-deploys ``model_dynamic.onnx``), else the first graph of a multi-graph package (``components``: an
-encoder-decoder's encoder, which runs first; its pipeline opens the others), else ``model.onnx``, else
-its only ``.onnx`` file. Anything else is an
-error that lists the candidates. The choice is logged at INFO so a user always sees which file ran.
+deploys ``model_dynamic.onnx`` and by ``export --optimize``), else the first graph of a multi-graph package
+(``components``: an encoder-decoder's encoder, which runs first; its pipeline opens the others), else
+``model.onnx``, else its only ``.onnx`` file. Anything else is an error that lists the candidates. The
+choice is logged at INFO so a user always sees which file ran.
+
+A multi-graph package may hold transformed copies of its graphs (``export --optimize O2 --quantize
+dynamic``: ``encoder_model_O2.onnx``, ``decoder_model_O2.onnx``, ...): the manifest lists each set under
+``variants`` ({suffix: {role: file}}), and :func:`package_components` gives the set a graph belongs to.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ __all__ = [
     "PACKAGE_MANIFEST",
     "DEPLOYED_KEY",
     "COMPONENTS_KEY",
+    "VARIANTS_KEY",
+    "component_names",
     "package_components",
+    "variant_file",
+    "write_derived_manifest",
     "resolve_model_path",
     "read_manifest",
     "record_deployed_model",
@@ -36,6 +44,13 @@ PACKAGE_MANIFEST = "export_metadata.json"
 DEPLOYED_KEY = "deployed_model"
 #: The manifest's graphs of a multi-graph package: {role: file name}, in the order they run.
 COMPONENTS_KEY = "components"
+#: The manifest's transformed copies of those graphs: {suffix ("O2", "dynamic"): {role: file name}}.
+VARIANTS_KEY = "variants"
+
+
+def variant_file(model_file: str, suffix: str) -> str:
+    """The name of a transformed copy of ``model_file``: ``encoder_model.onnx`` + ``O2`` -> ``encoder_model_O2.onnx``."""
+    return f"{PurePosixPath(model_file).stem}_{suffix}.onnx"
 
 
 def read_manifest(folder: Path) -> dict:
@@ -65,17 +80,55 @@ def _deployed(folder: Path) -> Path | None:
     return None if name is None else _listed_file(folder, name, DEPLOYED_KEY, "the deployed model")
 
 
-def package_components(folder: str | os.PathLike[str]) -> dict[str, Path]:
-    """The graphs of a multi-graph package by role (``{}`` for a one-graph package), in the order they run."""
+def _role_map(folder: Path, value: object, key: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise OnnxFileError(f"{folder / PACKAGE_MANIFEST}: {key} must map roles to file names")
+    return {str(role): name for role, name in value.items()}
+
+
+def _component_sets(folder: Path) -> list[dict[str, str]]:
+    """The graph sets of a multi-graph package: the exported graphs, then each variant ([] for one graph)."""
+    manifest = read_manifest(folder) if folder.is_dir() else {}
+    if not manifest.get(COMPONENTS_KEY):
+        return []
+    sets = [_role_map(folder, manifest[COMPONENTS_KEY], COMPONENTS_KEY)]
+    variants = manifest.get(VARIANTS_KEY) or {}
+    if not isinstance(variants, dict):
+        raise OnnxFileError(f"{folder / PACKAGE_MANIFEST}: {VARIANTS_KEY} must map suffixes to graph sets")
+    for suffix, graphs in variants.items():
+        graphs = _role_map(folder, graphs, f"{VARIANTS_KEY}.{suffix}")
+        if list(graphs) != list(sets[0]):
+            raise OnnxFileError(
+                f"{folder / PACKAGE_MANIFEST}: {VARIANTS_KEY}.{suffix} has roles {list(graphs)}, "
+                f"the package's graphs are {list(sets[0])}"
+            )
+        sets.append(graphs)
+    return sets
+
+
+def component_names(folder: str | os.PathLike[str]) -> dict[str, str]:
+    """The exported graphs' file names by role (``{}`` for a one-graph package), in the order they run."""
+    sets = _component_sets(Path(folder))
+    return sets[0] if sets else {}
+
+
+def package_components(
+    folder: str | os.PathLike[str], entry: str | os.PathLike[str] | None = None
+) -> dict[str, Path]:
+    """The graphs of a multi-graph package by role (``{}`` for a one-graph package), in the order they run.
+
+    The set whose first graph is ``entry`` (the file a pipeline opened), else the set of the deployed model,
+    else the exported graphs: an optimized or quantized encoder runs with the decoders of its own set.
+    """
     folder = Path(folder)
-    listed = read_manifest(folder).get(COMPONENTS_KEY) if folder.is_dir() else None
-    if not listed:
+    sets = _component_sets(folder)
+    if not sets:
         return {}
-    if not isinstance(listed, dict):
-        raise OnnxFileError(f"{folder / PACKAGE_MANIFEST}: {COMPONENTS_KEY} must map roles to file names")
+    wanted = Path(entry).name if entry is not None else read_manifest(folder).get(DEPLOYED_KEY)
+    chosen = next((s for s in sets if next(iter(s.values()), None) == wanted), sets[0])
     return {
-        str(role): _listed_file(folder, name, COMPONENTS_KEY, f"the package's {role} graph")
-        for role, name in listed.items()
+        role: _listed_file(folder, name, COMPONENTS_KEY, f"the package's {role} graph")
+        for role, name in chosen.items()
     }
 
 
@@ -125,3 +178,13 @@ def record_deployed_model(folder: Path, model_file: str) -> None:
     manifest = read_manifest(folder)
     manifest[DEPLOYED_KEY] = model_file
     write_json(folder / PACKAGE_MANIFEST, manifest)
+
+
+def write_derived_manifest(src_dir: Path, dst_dir: Path, components: dict[str, str]) -> Path:
+    """The manifest of a package made from ``src_dir``'s (each graph transformed into ``dst_dir``): the
+    source's metadata, ``components`` as its graphs, no variants or deployed model, the files now present."""
+    manifest = {k: v for k, v in read_manifest(src_dir).items() if k not in (DEPLOYED_KEY, VARIANTS_KEY)}
+    manifest[COMPONENTS_KEY] = components
+    listed = manifest.get("files") if isinstance(manifest.get("files"), list) else []
+    manifest["files"] = sorted({str(n) for n in listed} & {p.name for p in dst_dir.iterdir()})
+    return write_json(dst_dir / PACKAGE_MANIFEST, manifest)

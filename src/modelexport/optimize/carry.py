@@ -22,7 +22,7 @@ from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
 from ..metadata import read_metadata, update_metadata
 from ..metadata.build import PROCESSOR_FILES
 from ..metadata.package import safe_join
-from ..onnxfile import read_manifest, read_sidecar, save_onnx, sidecar_path_for
+from ..onnxfile import SIDECAR_SUFFIX, read_manifest, read_sidecar, save_onnx, sidecar_path_for
 
 if TYPE_CHECKING:
     import onnx
@@ -129,12 +129,15 @@ PACKAGE_FILES = (
     "vocab.json",
     "merges.txt",
 )
+#: Names a manifest lists that belong to one graph, never copied as a package file: each transform writes its own.
+_GRAPH_FILE_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data", SIDECAR_SUFFIX)
 
 
 def copy_package_files(src_dir: Path, dst_dir: Path) -> list[str]:
     """Copy the source package's config and processor files into another folder, never overwriting.
 
-    The names come from the source manifest's file list (what export wrote), else :data:`PACKAGE_FILES`.
+    The names come from the source manifest's file list (what export wrote), else :data:`PACKAGE_FILES`;
+    graph files and their sidecars are not package files (a multi-graph manifest lists them).
     """
     if src_dir.resolve() == dst_dir.resolve():
         return []
@@ -143,7 +146,7 @@ def copy_package_files(src_dir: Path, dst_dir: Path) -> list[str]:
     copied = []
     for name in names:
         source, target = safe_join(src_dir, name), safe_join(dst_dir, name)
-        if source.is_file() and source.suffix != ".onnx" and not target.exists():
+        if source.is_file() and not name.endswith(_GRAPH_FILE_SUFFIXES) and not target.exists():
             target.parent.mkdir(parents=True, exist_ok=True)
             with atomic_path(target) as tmp:
                 shutil.copyfile(source, tmp)

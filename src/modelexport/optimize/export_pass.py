@@ -9,6 +9,10 @@
 ``modelexport quantize``, from the optimized graph when there is one. Static mode calibrates on the
 export's example inputs (one sample: ranges fit those inputs only) and says so in the notes; for
 real calibration run ``modelexport quantize --mode static --calibration-data`` on the package.
+
+A graph of a multi-graph package (encoder-decoder: ``encoder_model.onnx``, ...) gets the same passes, its
+outputs named after it (``encoder_model_O2.onnx``, ``decoder_model_dynamic.onnx``): :func:`package_variants`
+says which sets the passes write, so the manifest can list them (and the deployed one) up front.
 """
 
 from __future__ import annotations
@@ -18,14 +22,20 @@ from typing import Any
 from .._io import write_json
 from ..hierarchy.sidecar import build_sidecar
 from ..inference.feeds import SampleSet
-from ..onnxfile import record_deployed_model, save_onnx, sidecar_path_for
+from ..onnxfile import COMPONENTS_KEY, record_deployed_model, save_onnx, sidecar_path_for, variant_file
 from .carry import remap_sidecar
 from .config import OptimizeConfig, QuantizeConfig
 from .graph import op_changes, optimize_with_record
 from .quantization import quantize_proto
 from .retag import tag_coverage
 
-__all__ = ["OPTIMIZED_KEY", "PARITY_FILES_KEY", "optimize_package_pass", "quantize_package_pass"]
+__all__ = [
+    "OPTIMIZED_KEY",
+    "PARITY_FILES_KEY",
+    "optimize_package_pass",
+    "package_variants",
+    "quantize_package_pass",
+]
 
 #: ``ctx.extra`` key: the optimized ModelProto (quantization starts from it).
 OPTIMIZED_KEY = "optimized_proto"
@@ -33,6 +43,14 @@ OPTIMIZED_KEY = "optimized_proto"
 PARITY_FILES_KEY = "parity_files"
 #: Extra parity tolerance of numerics-changing options (tanh Gelu, float16), added to the export's atol.
 APPROXIMATION_ATOL = {"approximate_gelu": 1e-3, "fp16": 2e-2}
+
+
+def package_variants(optimize: str | None, quantize: str | None) -> tuple[list[str], str | None]:
+    """The suffixes of the copies the passes write of each graph (``["O2", "dynamic"]``) and the deployed one
+    (the optimized copy; int8 is written, not deployed, as for one graph)."""
+    level = None if optimize in (None, "none") else optimize
+    mode = None if quantize in (None, "none") else quantize
+    return [s for s in (level, mode) if s], level
 
 
 def _sidecar(ctx: Any) -> dict[str, Any]:
@@ -60,7 +78,7 @@ def fusion_summary(steps: list[Any]) -> str:
 
 
 def optimize_package_pass(ctx: Any) -> None:
-    """Write ``model_<level>.onnx`` (+ sidecar) when ``config.optimize`` names a level; it becomes the
+    """Write ``<stem>_<level>.onnx`` (+ sidecar) when ``config.optimize`` names a level; it becomes the
     deployed model of the package and is checked against PyTorch after the write."""
     level = ctx.config.optimize
     if level in (None, "none"):
@@ -68,11 +86,12 @@ def optimize_package_pass(ctx: Any) -> None:
     cfg = OptimizeConfig.preset(level)
     with ctx.stages.stage("optimize", level) as st:
         optimized, steps, _ = optimize_with_record(ctx.model_proto, cfg)
-        name = f"model_{level}.onnx"
+        name = variant_file(ctx.model_file, level)
         save_onnx(optimized, ctx.staging_dir / name)
         side = sidecar_path_for(ctx.staging_dir / name)
         write_json(side, remap_sidecar(_sidecar(ctx), optimized, {"kind": "optimize", **cfg.record()}))
-        record_deployed_model(ctx.staging_dir, name)
+        if COMPONENTS_KEY not in ctx.extra:  # a package's graph set is recorded with the package's manifest
+            record_deployed_model(ctx.staging_dir, name)
         ctx.files[f"optimized_{level}"] = name
         ctx.files[f"optimized_{level}_hierarchy"] = side.name
         ctx.extra[OPTIMIZED_KEY] = optimized
@@ -83,13 +102,13 @@ def optimize_package_pass(ctx: Any) -> None:
         st["detail"] = f"{name}: {len(optimized.graph.node)} nodes, tags {coverage}%"
         ctx.extra["optimization"] = {"file": name, "preset": level, "fused": fused, "op_changes": changes}
         ctx.notes.append(
-            f"-{level}: {name} is the deployed model ({len(ctx.model_proto.graph.node)} -> "
+            f"-{level}: {name} is deployed ({len(ctx.model_proto.graph.node)} -> "
             f"{len(optimized.graph.node)} nodes, tags {coverage}%)" + (f"; fused: {fused}" if fused else "")
         )
 
 
 def quantize_package_pass(ctx: Any) -> None:
-    """Write ``model_dynamic.onnx`` / ``model_static.onnx`` (+ its sidecar) when ``config.quantize`` asks."""
+    """Write ``<stem>_dynamic.onnx`` / ``<stem>_static.onnx`` (+ its sidecar) when ``config.quantize`` asks."""
     mode = ctx.config.quantize
     if mode in (None, "none"):
         return
@@ -103,7 +122,7 @@ def quantize_package_pass(ctx: Any) -> None:
     with ctx.stages.stage("quantize", mode) as st:
         source = ctx.extra.get(OPTIMIZED_KEY, ctx.model_proto)
         quantized, facts = quantize_proto(source, QuantizeConfig(mode=mode, progress=False), samples)
-        name = f"model_{mode}.onnx"
+        name = variant_file(ctx.model_file, mode)
         save_onnx(quantized, ctx.staging_dir / name)
         side = sidecar_path_for(ctx.staging_dir / name)
         write_json(side, remap_sidecar(_sidecar(ctx), quantized, {"kind": "quantize", **facts["record"]}))

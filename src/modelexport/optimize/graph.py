@@ -6,6 +6,9 @@ optimizer and its transformer fusions drop node ``metadata_props`` (and the fp16
 onnxslim insert or rebuild nodes), so each runs inside :class:`Retagged`: the new graph is matched
 against the previous one by node names and tensor edges, fused nodes get the deepest common
 ancestor of the tags of the nodes they replaced, coverage stays 100%.
+
+A multi-graph package folder (encoder-decoder) is optimized graph by graph into a new package folder
+(:mod:`.package`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ..runtime.session import create_session
 from .carry import CarryMetadata, model_metadata, write_transformed
 from .config import OptimizeConfig
 from .fusion import fuse_for_ort, ort_fusion_needed
+from .package import PackageResult, check_output_file, is_multi_graph, transform_package
 from .retag import Retagged, tag_coverage
 from .skip_norm import split_skip_layer_norms
 
@@ -274,15 +278,17 @@ def op_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> dict[str, int
 
 def optimize_model(
     model_path: str | Path, output_path: str | Path, config: OptimizeConfig | None = None, **options: Any
-) -> OptimizeResult:
+) -> OptimizeResult | PackageResult:
     """Optimize ``model_path`` into ``output_path`` (atomic); tags, metadata and sidecar carried over.
 
-    ``options`` are :class:`OptimizeConfig` fields.
+    ``options`` are :class:`OptimizeConfig` fields. A multi-graph package folder is optimized graph by graph
+    into the folder ``output_path`` (:mod:`.package`).
     """
     cfg = (config or OptimizeConfig()).with_changes(**options)
+    if is_multi_graph(model_path):
+        return transform_package(model_path, output_path, "optimize", lambda s, d: optimize_model(s, d, cfg))
     src, dst = resolve_model_path(model_path), Path(output_path)
-    if src.resolve() == dst.resolve():
-        raise ConfigError(f"output {dst} would overwrite the input model", hint="choose another -o path")
+    check_output_file(src, dst)
     model = load_onnx(src)
     optimized, records, keys = optimize_with_record(model, cfg)
     sidecar, copied = write_transformed(optimized, src, dst, {"kind": "optimize", **cfg.record()})

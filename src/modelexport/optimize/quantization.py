@@ -9,6 +9,9 @@ over and the output written atomically.
 Weights the input stores as external data stay on disk: each pass hands ONNX Runtime's tools a file
 whose data is copied chunk by chunk (``save_onnx(data_dir=)``), and their outputs keep external data too,
 so a model over protobuf's 2 GB limit is never serialized as one protobuf.
+
+A multi-graph package folder (encoder-decoder) is quantized graph by graph into a new package folder
+(:mod:`.package`), dynamic mode only.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from ..onnxfile import (
     load_structure,
     model_bytes,
     needs_external_data,
+    package_components,
     resolve_model_path,
     save_onnx,
 )
@@ -53,6 +57,7 @@ from .config import (
     register_mode,
 )
 from .evaluate import compare_models, module_error_report
+from .package import PackageResult, check_output_file, is_multi_graph, transform_package
 from .retag import Retagged, tag_coverage
 
 if TYPE_CHECKING:
@@ -235,25 +240,38 @@ class DropShapeHints:
         return PassResult(copy, True, {"dropped": dropped})
 
 
+def _tagged_names(model: Any) -> list[tuple[str, str]]:
+    return [({p.key: p.value for p in n.metadata_props}.get(TAG_KEY) or "", n.name) for n in model.graph.node]
+
+
+def _hits(tags: list[tuple[str, str]], pattern: str) -> list[str]:
+    """Names of the nodes whose tag is the module ``pattern`` matches or below it."""
+    return [
+        name
+        for tag, name in tags
+        if tag and (fnmatch.fnmatchcase(tag, pattern) or fnmatch.fnmatchcase(tag, pattern + "/*"))
+    ]
+
+
+def _no_module_error(pattern: str, tags: list[tuple[str, str]]) -> ConfigError:
+    known = sorted({t for t, _ in tags if t}, key=len)[:8]
+    return ConfigError(
+        f"--exclude-modules {pattern!r} matches no module; modules look like: {', '.join(known)}",
+        hint="patterns are globs on hierarchy tags, e.g. '*/BertEmbeddings*' or '*LayerNorm*'",
+    )
+
+
 def excluded_nodes(model: Any, patterns: tuple[str, ...]) -> list[str]:
     """Names of nodes whose tag matches a glob in ``patterns`` (a module and everything below it).
 
     A pattern that matches no node is an error that lists some of the model's modules.
     """
     chosen: list[str] = []
-    tags = [({p.key: p.value for p in n.metadata_props}.get(TAG_KEY) or "", n.name) for n in model.graph.node]
+    tags = _tagged_names(model)
     for pattern in patterns:
-        hits = [
-            name
-            for tag, name in tags
-            if tag and (fnmatch.fnmatchcase(tag, pattern) or fnmatch.fnmatchcase(tag, pattern + "/*"))
-        ]
+        hits = _hits(tags, pattern)
         if not hits:
-            known = sorted({t for t, _ in tags if t}, key=len)[:8]
-            raise ConfigError(
-                f"--exclude-modules {pattern!r} matches no module; modules look like: {', '.join(known)}",
-                hint="patterns are globs on hierarchy tags, e.g. '*/BertEmbeddings*' or '*LayerNorm*'",
-            )
+            raise _no_module_error(pattern, tags)
         chosen.extend(h for h in hits if h and h not in chosen)
     gemms = {n.name for n in model.graph.node if n.op_type == "Gemm"}
     # ORT's operator-format quantizer rewrites Gemm into <name>_MatMul + <name>_Add before it
@@ -266,6 +284,17 @@ def standard_attention_nodes(model: Any) -> list[str]:
     quantizer takes any ``Attention`` for ``com.microsoft.Attention`` by op type and writes an invalid
     ``QAttention`` for it. The op has no weights, so it stays float (excluded) and loses nothing."""
     return [n.name for n in model.graph.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]
+
+
+def package_exclusions(graphs: dict[str, Path], patterns: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Per graph file name, the ``--exclude-modules`` patterns that match a module in it (a decoder's module is
+    in the decoders only); a pattern no graph matches is an error."""
+    tags = {file.name: _tagged_names(load_structure(file)) for file in graphs.values()}
+    per = {name: tuple(p for p in patterns if _hits(t, p)) for name, t in tags.items()}
+    for pattern in patterns:
+        if not any(pattern in found for found in per.values()):
+            raise _no_module_error(pattern, [t for graph in tags.values() for t in graph])
+    return per
 
 
 def restore_float_inputs(model: Any, names: list[str], original: Any) -> int:
@@ -528,19 +557,22 @@ def quantize(
     eval_samples: int = 200,
     error_report: bool = False,
     **options: Any,
-) -> QuantizeResult:
+) -> QuantizeResult | PackageResult:
     """Quantize ``model_path`` to ``output_path``; tags, metadata and sidecar are carried over.
 
     ``options`` are :class:`QuantizeConfig` fields. Static mode calibrates on ``samples`` or on
     ``config.calibration_data``. ``eval_data`` adds fp32-vs-int8 agreement/accuracy and latency;
-    ``error_report`` adds per-module output errors on the calibration (or eval) samples.
+    ``error_report`` adds per-module output errors on the calibration (or eval) samples. A multi-graph
+    package folder is quantized graph by graph into the folder ``output_path`` (:mod:`.package`).
     """
     cfg = (config or QuantizeConfig()).with_changes(**options) if options else (config or QuantizeConfig())
     check_samples("eval_samples", eval_samples)
+    if is_multi_graph(model_path):
+        uses_data = samples is not None or bool(cfg.calibration_data or eval_data or error_report)
+        return _quantize_package(model_path, output_path, cfg, uses_data)
     start = time.perf_counter()
     src, dst = resolve_model_path(model_path), Path(output_path)
-    if src.resolve() == dst.resolve():
-        raise ConfigError(f"output {dst} would overwrite the input model", hint="choose another -o path")
+    check_output_file(src, dst)
     model = load_onnx(src, external_data=False)  # weights stored as external data stay on disk (> 2 GB)
     if samples is None and cfg.calibration_data:
         samples = load_samples(
@@ -578,6 +610,32 @@ def quantize(
         result.notes.append(f"copied the package files the model needs beside it: {', '.join(copied)}")
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _quantize_package(
+    folder: str | Path, output_dir: str | Path, cfg: QuantizeConfig, uses_data: bool
+) -> PackageResult:
+    """Every graph of a multi-graph package, dynamic int8, into a new package folder."""
+    names = ", ".join(p.name for p in package_components(folder).values())
+    if cfg.mode != "dynamic":
+        raise ConfigError(
+            f"{folder} is a package of graphs ({names}): static quantization needs calibration feeds for "
+            "each graph, and a decoder's (its past caches, the encoder's output) are not in a dataset",
+            hint="use --mode dynamic (no calibration), or quantize one graph file with --calibration-data",
+        )
+    if uses_data:
+        raise ConfigError(
+            f"{folder} is a package of graphs ({names}): --calibration-data, --eval-data and --error-report "
+            "feed a dataset to one graph",
+            hint="quantize the package without them, or pass one graph file",
+        )
+    exclude = package_exclusions(package_components(folder), cfg.exclude_modules)
+    return transform_package(
+        folder,
+        output_dir,
+        "quantize",
+        lambda src, dst: quantize(src, dst, cfg.with_changes(exclude_modules=exclude[src.name])),
+    )
 
 
 def _evaluate(

@@ -30,9 +30,11 @@ from ..processors.text import load_tokenizer
 from .base import register_pipeline
 from .generation import GenerationSettings, TextGenerationPipeline, device_of, run_bound
 
-__all__ = ["Text2TextGenerationPipeline", "SpeechRecognitionPipeline"]
+__all__ = ["SPEECH_DECODER_TASKS", "Text2TextGenerationPipeline", "SpeechRecognitionPipeline"]
 
 _PRESENT, _PAST = "present.", "past_key_values."
+#: The decoder tasks of prompted speech decoders (Whisper's ``task=``), not pipeline tasks.
+SPEECH_DECODER_TASKS = ("transcribe", "translate")
 #: Encoder outputs every decoder step reads, by decoder input name.
 _ENCODER_STATES = ("encoder_hidden_states", "encoder_attention_mask")
 
@@ -57,7 +59,7 @@ class _EncoderDecoder(TextGenerationPipeline):
     def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
         super().__init__(session, processor, **kwargs)
         folder = self.model_path.parent if self.model_path else None
-        graphs = package_components(folder) if folder else {}
+        graphs = package_components(folder, self.model_path) if folder else {}  # the encoder's own set
         missing = [r for r in ("decoder", "decoder_with_past") if r not in graphs]
         if missing:
             raise MetadataError(
@@ -142,7 +144,10 @@ class _EncoderDecoder(TextGenerationPipeline):
     def _language_id(self, language: str) -> int:
         table: dict[str, int] = self.generation_config.get("lang_to_id") or {}
         if not table:
-            raise ConfigError("language= needs a model whose generation config has lang_to_id")
+            raise ConfigError(
+                f"language {language!r}: this package has no language tokens (no lang_to_id in its generation config)",
+                hint="leave the language out: the model decodes without a language token",
+            )
         token = language if language.startswith("<|") else f"<|{language.lower()}|>"
         if token not in table:
             codes = ", ".join(sorted(t.strip("<|>") for t in table)[:20])
@@ -158,6 +163,25 @@ class _EncoderDecoder(TextGenerationPipeline):
         ids = np.array(sorted(int(i) for i in self.generation_config["lang_to_id"].values()))
         return ids[scores[:, ids].argmax(-1)]
 
+    def check_prompt(self, language: str | None = None, task: str | None = None) -> None:
+        """Refuse a language or decoder task the package's generation config cannot prompt, before any run."""
+        g = self.generation_config
+        tasks: dict[str, int] = g.get("task_to_id") or {}
+        if (language or task) and g.get("is_multilingual") is False:
+            raise ConfigError("language= and task= need a multilingual model; this one is English-only")
+        if task is not None and not tasks:
+            raise ConfigError(
+                f"task {task!r}: this package has no decoder task tokens (no task_to_id in its generation config)",
+                hint="leave the task out: the model decodes without a task token",
+            )
+        if task is not None and task not in tasks:
+            raise ConfigError(
+                f"task {task!r} is not one of this model's decoder tasks",
+                hint=f"use one of {', '.join(sorted(tasks))}",
+            )
+        if language is not None:
+            self._language_id(language)
+
     def decoder_prompt(
         self, feeds: dict[str, np.ndarray], batch: int, language: str | None = None, task: str | None = None
     ) -> np.ndarray:
@@ -165,10 +189,7 @@ class _EncoderDecoder(TextGenerationPipeline):
         config: start token [+ language] [+ task] [+ no-timestamps]; the start token alone for other models."""
         g = self.generation_config
         tasks: dict[str, int] = g.get("task_to_id") or {}
-        if (language or task) and g.get("is_multilingual") is False:
-            raise ConfigError("language= and task= need a multilingual model; this one is English-only")
-        if task is not None and task not in tasks:
-            raise ConfigError(f"task {task!r} is not one of {sorted(tasks) or 'this model'}'s decoder tasks")
+        self.check_prompt(language, task)
         head: list[int | None] = [
             self.start_id,
             *(self._forced_tokens() if language is None and task is None else []),
