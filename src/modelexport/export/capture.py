@@ -158,8 +158,8 @@ def _program_with_free_axes(model: Any, inputs: ExampleInputs, other: OtherSize)
                 (),
                 kwargs=inputs.forward_kwargs(),
                 dynamic_shapes=inputs.export_shapes(),
-                strict=False,
-                prefer_deferred_runtime_asserts_over_guards=True,  # as torch.onnx asks: guards become asserts
+                strict=False,  # guards stay guards (torch.onnx defers them to asserts): fewer nodes to
+                # translate, and a guard on the size fails the check at the other size all the same
             )
     except _OutOfTime as exc:
         raise FixedAxisError(
