@@ -16,6 +16,7 @@ __all__ = [
     "InputSpecError",
     "ExportError",
     "UnsupportedOperatorError",
+    "FixedAxisError",
     "ParityError",
     "TopologyMismatchError",
     "OutputWriteError",
@@ -86,6 +87,13 @@ class UnsupportedOperatorError(ExportError):
     """An operator has no ONNX conversion."""
 
     hint = "check that your model's ops are ONNX compliant: replace or register the named operator, or try another --opset"
+
+
+class FixedAxisError(ExportError):
+    """An axis the export tried to leave free (an image's height or width) holds only the example's size
+    in the captured graph: torch.export specialised it, or the graph fails at another size."""
+
+    hint = "the export captures that axis fixed instead and says so in its notes; nothing to do"
 
 
 class ParityError(ModelExportError, AssertionError):

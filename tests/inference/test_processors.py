@@ -164,6 +164,24 @@ def test_dynamic_image_size_keeps_natural_size_and_pads() -> None:
     assert np.all(out[0, :, 10:, :] == 0)
 
 
+@pytest.mark.must
+def test_a_graph_with_dynamic_height_width_keeps_the_processors_own_size(task_export: Any) -> None:
+    """The tiny detector (a CNN backbone) exports with dynamic height/width: every image is resized as its
+    preprocessor_config.json says (64 x 64), as transformers does, not to the export's example size."""
+    from transformers import DetrImageProcessor
+
+    folder = task_export("object_det").output_dir
+    proc = ONNXAutoProcessor.from_model(folder)
+    assert (
+        proc.describe()["inputs"][0]["shape"] == [None, 3, None, None] and proc.describe()["fixed_hw"] is None
+    )
+    images = [_rgb(48, 80), _rgb(30, 30)]
+    ours = proc(images=images)["pixel_values"]
+    ref = DetrImageProcessor.from_pretrained(str(folder))(images=images, return_tensors="np")["pixel_values"]
+    assert ours.shape == ref.shape == (2, 3, 64, 64)
+    assert np.abs(ours - ref).max() <= 1e-5
+
+
 @pytest.mark.sanity
 @pytest.mark.parametrize("bad", [np.zeros((2, 3, 4, 5)), np.zeros((4, 4, 2)), "missing.png"])
 def test_bad_images_are_inference_errors(bad: Any) -> None:

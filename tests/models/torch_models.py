@@ -5,7 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["mlp", "SmallCNN", "LSTMClassifier", "Block", "ReuseTwice", "TwoStages", "Shared", "TORCH_MODELS"]
+__all__ = [
+    "mlp",
+    "SmallCNN",
+    "LSTMClassifier",
+    "Block",
+    "ReuseTwice",
+    "TwoStages",
+    "Shared",
+    "SizeBakedNet",
+    "TORCH_MODELS",
+]
 
 
 def mlp() -> nn.Sequential:
@@ -106,3 +116,24 @@ class Shared(nn.Module):
 
 
 TORCH_MODELS["shared"] = Shared
+
+
+class SizeBakedNet(nn.Module):
+    """Takes any image size in eager PyTorch, but turns the feature map's size into Python ints: torch.export
+    guards on them and TorchScript bakes them in, so no graph of it takes another size. A ``config`` makes
+    its input a ``pixel_values`` built as for a Hugging Face image model. Not in ``TORCH_MODELS``."""
+
+    main_input_name = "pixel_values"
+
+    def __init__(self, size: int = 32, patch: int = 8) -> None:
+        super().__init__()
+        import transformers
+
+        self.config = transformers.PretrainedConfig(image_size=size, num_channels=3)
+        self.patch = nn.Conv2d(3, 8, patch, stride=patch)
+        self.table = nn.Parameter(torch.randn(1, 8, 3, 3))
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        x = self.patch(pixel_values)
+        size = (int(x.shape[2]), int(x.shape[3]))
+        return x + nn.functional.interpolate(self.table, size=size, mode="bilinear")

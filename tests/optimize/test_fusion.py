@@ -108,6 +108,21 @@ def test_probe_feeds_pad_the_second_row_and_stay_inside_tables(tiny_bert_onnx: P
     assert feeds["token_type_ids"].max() < 2 and feeds["input_ids"].shape == (2, 8)
 
 
+@pytest.mark.sanity
+def test_probe_feeds_give_dynamic_images_a_size_deep_cnns_take() -> None:
+    """An image's dynamic height/width (named as Optimum names them) gets 224, not a sequence's 8."""
+    from onnx import TensorProto, helper
+
+    dims = ["batch_size", 3, "height", "width"]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["pixel_values"], ["out"])],
+        "g",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, dims)],
+    )
+    assert probe_feeds(helper.make_model(graph))["pixel_values"].shape == (2, 3, 224, 224)
+
+
 @pytest.mark.integration
 def test_o2_fuses_the_real_minilm_export(minilm_export: Any, tmp_path: Path) -> None:
     model, stats = _check_o2(Path(minilm_export.onnx_path), tmp_path / "o2.onnx", vocab=30522)

@@ -40,6 +40,7 @@ from .context import EXPORT_LOG, ExportContext, StageLog
 from .destination import PACKAGE_FILES_KEY, plan_replacement, remove_stale
 from .device import check_device, place_inputs, place_model
 from .experts import EXPERT_ROUTE, expert_blocks
+from .free_axes import capture_graph
 from .generation import (
     CacheInputs,
     build_with_past_inputs,
@@ -315,8 +316,7 @@ def _export_graph(ctx: ExportContext, output_dir: Path, file: str) -> ExportResu
             ctx.tree = ModuleTree(module, TagRules(cfg.torch_nn_exceptions, cfg.include_torch_nn))
             _reference_run(ctx)
         settings = _settings(ctx)
-        with ctx.stages.stage("capture", f"{cfg.exporter}, opset {cfg.opset or 'default'}"):
-            ctx.model_proto = capture(module, ctx.inputs, settings)
+        capture_graph(ctx, settings)  # image height/width free where the model takes another size
         if expert_blocks(module):
             ctx.notes.append(EXPERT_ROUTE)
         if cfg.dtype == "bfloat16":

@@ -7,14 +7,20 @@ import contextlib
 import io
 import logging
 import re
+import signal
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import ExportError, InputSpecError, UnsupportedOperatorError
+from ..errors import ExportError, FixedAxisError, InputSpecError, UnsupportedOperatorError
 from .experts import every_expert_runs
 from .inputs import ExampleInputs
+from .parity import flatten_outputs
+
+if TYPE_CHECKING:
+    from .free_axes import OtherSize
 
 __all__ = ["CaptureSettings", "EXPORTER_REGISTRY", "capture", "exporter"]
 
@@ -112,14 +118,22 @@ def _no_grad(model: Any) -> Iterator[None]:
 
 @exporter("dynamo")
 def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
+    if (other := inputs.other_size) is not None and not s.static_shapes:
+        program = _to_onnx(_program_with_free_axes(model, inputs, other), inputs, s)
+        program.rename_axes(_axis_names(program.model, inputs))  # torch.onnx names only string axes
+        return program.model_proto
+    dynamic = None if s.static_shapes else inputs.dynamo_shapes()
+    return _to_onnx(model, inputs, s, dynamic).model_proto
+
+
+def _to_onnx(model: Any, inputs: ExampleInputs, s: CaptureSettings, dynamic: Any = None) -> Any:
+    """torch.onnx's dynamo export of a module or of an ``ExportedProgram`` (the same translation)."""
     import torch
 
-    kwargs = inputs.forward_kwargs()
-    dynamic = None if s.static_shapes else inputs.dynamo_shapes()
-    program = torch.onnx.export(
+    return torch.onnx.export(
         model,
         (),
-        kwargs=kwargs,
+        kwargs=inputs.forward_kwargs(),
         dynamo=True,
         input_names=inputs.names,
         output_names=list(s.output_names) if s.output_names else None,
@@ -129,7 +143,88 @@ def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
         verbose=False,
         report=False,
     )
-    return program.model_proto
+
+
+def _program_with_free_axes(model: Any, inputs: ExampleInputs, other: OtherSize) -> Any:
+    """torch.export's program with the free axes left to torch (``Dim.AUTO``), run at the other size before
+    the ONNX translation (the costly half): a program that holds only the example's size there (a guard on
+    it, a size baked in) raises :class:`FixedAxisError` after a second rather than after the whole export."""
+    import torch
+
+    try:
+        with _cpu_time_limit(other.export_budget_s):
+            program = torch.export.export(
+                model,
+                (),
+                kwargs=inputs.forward_kwargs(),
+                dynamic_shapes=inputs.export_shapes(),
+                strict=False,  # guards stay guards (torch.onnx defers them to asserts): fewer nodes to
+                # translate, and a guard on the size fails the check at the other size all the same
+            )
+    except _OutOfTime as exc:
+        raise FixedAxisError(
+            f"torch.export took over {other.export_budget_s:.3g} CPU s with {other.axes} free"
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - any failure here means the axes cannot stay free
+        raise FixedAxisError(f"torch.export cannot leave {other.axes} free: {_first_line(exc)}") from exc
+    module = program.module()
+    problem = other.mismatch(
+        lambda: [t for _, t in flatten_outputs(module(**other.kwargs))], "torch.export's graph"
+    )
+    if problem:
+        raise FixedAxisError(problem)
+    return program
+
+
+class _OutOfTime(BaseException):
+    """Raised in the main thread when :func:`_cpu_time_limit` runs out; a BaseException, so that no
+    ``except Exception`` inside torch swallows it."""
+
+
+@contextlib.contextmanager
+def _cpu_time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`_OutOfTime` after ``seconds`` of the process's CPU time (a virtual timer: another
+    process's load does not count). Only in the main thread with SIGVTALRM unclaimed; elsewhere no limit."""
+    usable = (
+        seconds is not None
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGVTALRM) in (signal.SIG_DFL, None)
+    )
+    if not usable:
+        yield
+        return
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _OutOfTime
+
+    previous = signal.signal(signal.SIGVTALRM, expire)
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.signal(signal.SIGVTALRM, previous)
+
+
+def _axis_names(model: Any, inputs: ExampleInputs) -> dict[str, str]:
+    """torch's symbol -> our name for each dynamic input axis of ``model`` (an ``onnx_ir`` model); a free
+    axis torch fixed, or two names on one symbol, is a :class:`FixedAxisError`."""
+    wanted = inputs.axis_names()
+    renames: dict[str, str] = {}
+    for value in model.graph.inputs:
+        for axis, name in wanted.get(value.name, {}).items():
+            symbol = value.shape[axis]
+            if isinstance(symbol, int) or not isinstance(getattr(symbol, "value", None), str):
+                raise FixedAxisError(f"torch.export fixed {name} at {symbol}")
+            if renames.setdefault(symbol.value, name) != name:
+                raise FixedAxisError(f"torch.export made {name} equal to {renames[symbol.value]}")
+    return renames
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 @contextlib.contextmanager
@@ -209,6 +304,8 @@ def capture(model: Any, inputs: ExampleInputs, settings: CaptureSettings) -> Any
             every_expert_runs(model),
         ):
             return fn(model, inputs, settings)
+    except FixedAxisError:
+        raise  # the caller captures with those axes fixed
     except (TypeError, IndexError) as exc:
         if "argument" in str(exc) or "positional" in str(exc):
             raise InputSpecError(f"the example inputs do not match forward(): {exc}") from exc

@@ -12,11 +12,14 @@ import inspect
 import json
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputSpecError
 from .config import ExportConfig, InputSpec
+
+if TYPE_CHECKING:
+    from .free_axes import OtherSize
 
 __all__ = [
     "ExampleInputs",
@@ -24,6 +27,7 @@ __all__ = [
     "forward_parameters",
     "hf_example",
     "input_specs_hint",
+    "modality_config",
     "tensor_to_numpy",
 ]
 
@@ -35,23 +39,31 @@ _Generator = Callable[[Any, ExportConfig], InputSpec | None]
 _INPUT_GENERATORS: dict[str, _Generator] = {}
 #: input name -> modality; a multimodal config keeps each modality's settings in ``<modality>_config``.
 _MODALITY: dict[str, str] = {}
+#: input name -> {axis: name} of the axes a model may leave free (an image's height and width): each export
+#: finds out whether the model takes another size there (:mod:`.free_axes`) and keeps them fixed if not.
+_FREE_AXES: dict[str, dict[int, str]] = {}
 #: The inputs that carry a modality's data (the others, masks and type ids, go with them).
 _PRIMARY = ("input_ids", "pixel_values", "input_values", "input_features")
 
 
-def input_generator(*names: str, modality: str) -> Callable[[_Generator], _Generator]:
-    """Register how to build an example for the forward parameters called ``names``."""
+def input_generator(
+    *names: str, modality: str, free_axes: dict[int, str] | None = None
+) -> Callable[[_Generator], _Generator]:
+    """Register how to build an example for the forward parameters called ``names``; ``free_axes`` are
+    the axes tried dynamic where the model allows it (named as Optimum names them)."""
 
     def deco(fn: _Generator) -> _Generator:
         for n in names:
             _INPUT_GENERATORS[n] = fn
             _MODALITY[n] = modality
+            if free_axes:
+                _FREE_AXES[n] = dict(free_axes)
         return fn
 
     return deco
 
 
-def _modality_config(config: Any, name: str) -> Any | None:
+def modality_config(config: Any, name: str) -> Any | None:
     """The sub-config of ``name``'s modality (``text_config``...), or None for single-modality configs."""
     sub = getattr(config, f"{_MODALITY.get(name, '')}_config", None)
     return sub if hasattr(sub, "to_dict") else None
@@ -94,8 +106,10 @@ def _image_size(config: Any) -> int:
     return int(size[0] if isinstance(size, (list, tuple)) else size)
 
 
-@input_generator("pixel_values", modality="vision")
+@input_generator("pixel_values", modality="vision", free_axes={2: "height", 3: "width"})
 def _pixels(config: Any, cfg: ExportConfig) -> InputSpec:
+    """Batch dynamic; height/width too where the model takes another size (decided per export). The
+    channels stay a number: the first convolution's weights fix them."""
     if cfg.input_shape and len(cfg.input_shape) == 4:
         shape = cfg.input_shape
     else:
@@ -136,6 +150,12 @@ class ExampleInputs:
     output_names: tuple[str, ...] | None = None
     #: forward() parameter each spec feeds (None: the spec names are the parameter names)
     params: tuple[str, ...] | None = None
+    #: input name -> {axis: name}: axes to try free (an image's height/width), not yet in the specs; empty
+    #: once decided (:meth:`fixed`) or for inputs the user specified.
+    free_axes: dict[str, dict[int, str]] = field(default_factory=dict)
+    #: Set while the free axes are tried (:meth:`trying`): the inputs at another size and PyTorch's outputs
+    #: there, which the captured graph must reproduce.
+    other_size: OtherSize | None = None
 
     @property
     def names(self) -> list[str]:
@@ -167,6 +187,59 @@ class ExampleInputs:
             param: {int(a): str(n) for a, n in axes.get(name, {}).items()}
             for param, name in zip(self.parameters, self.names, strict=True)
         }
+
+    def export_shapes(self) -> dict[str, Any]:
+        """``dynamic_shapes`` for ``torch.export.export`` while free axes are tried: the named axes
+        ``Dim.DYNAMIC``, the free ones ``Dim.AUTO`` (torch keeps them symbolic only where the code allows)."""
+        import torch
+
+        dims = torch.export.Dim
+        return {
+            param: {
+                int(a): dims.AUTO if int(a) in self.free_axes.get(name, {}) else dims.DYNAMIC
+                for a in self._axes_of(name)
+            }
+            for param, name in zip(self.parameters, self.names, strict=True)
+        }
+
+    def axis_names(self) -> dict[str, dict[int, str]]:
+        """Input name -> {axis: name} of every dynamic axis, the free ones being tried included."""
+        return {s.name: self._axes_of(s.name) for s in self.specs if self._axes_of(s.name)}
+
+    def _axes_of(self, name: str) -> dict[int, str]:
+        return dict((self.dynamic_axes(False) or {}).get(name, {}))
+
+    def trying(self, other: OtherSize) -> ExampleInputs:
+        """These inputs with the free axes dynamic in the specs, checked at ``other``'s size."""
+        specs = tuple(
+            replace(s, dynamic_axes={**(s.dynamic_axes or {}), **self.free_axes[s.name]})
+            if s.name in self.free_axes
+            else s
+            for s in self.specs
+        )
+        return replace(self, specs=specs, other_size=other)
+
+    def fixed(self) -> ExampleInputs:
+        """These inputs with every free axis fixed at the example's size (as every export did before)."""
+        specs = tuple(
+            replace(s, dynamic_axes={a: n for a, n in s.dynamic_axes.items() if a not in free})
+            if (free := self.free_axes.get(s.name)) and s.dynamic_axes
+            else s
+            for s in self.specs
+        )
+        return replace(self, specs=specs, free_axes={}, other_size=None)
+
+    def resized(self, shapes: dict[str, tuple[int, ...]], seed: int = 1) -> dict[str, Any]:
+        """The tensors with the inputs named in ``shapes`` drawn anew at that shape (same rule, dtype and
+        device as the example's); the others as they are."""
+        specs = {s.name: s for s in self.specs}
+        out = dict(self.tensors)
+        for i, (name, shape) in enumerate(shapes.items()):
+            old = self.tensors[name]
+            out[name] = _make_tensor(replace(specs[name], shape=tuple(shape)), seed + i).to(
+                old.device, old.dtype
+            )
+        return out
 
     def as_numpy(self) -> dict[str, Any]:
         return {k: tensor_to_numpy(v) for k, v in self.tensors.items()}
@@ -241,7 +314,7 @@ def _wanted_inputs(module: Any, params: list[str]) -> list[str]:
     config = module.config
     main = getattr(module, "main_input_name", None) or params[0]
     wanted = [main]
-    wanted += [n for n in _PRIMARY if n != main and n in params and _modality_config(config, n) is not None]
+    wanted += [n for n in _PRIMARY if n != main and n in params and modality_config(config, n) is not None]
     if "input_ids" in wanted:
         wanted += [n for n in ("attention_mask", "token_type_ids") if n in params]
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
@@ -253,7 +326,7 @@ def _spec_for(config: Any, name: str, cfg: ExportConfig) -> InputSpec | None:
     gen = _INPUT_GENERATORS.get(name)
     if gen is None:
         raise InputSpecError(f"no example generator for input {name!r}; give --input-specs")
-    spec = gen(_modality_config(config, name) or config, cfg)
+    spec = gen(modality_config(config, name) or config, cfg)
     return None if spec is None else InputSpec(name, spec.shape, spec.dtype, spec.dynamic_axes, spec.range)
 
 
@@ -382,4 +455,14 @@ def build_inputs(
             InputSpec(s.name, tuple(tensors[s.name].shape), s.dtype, s.dynamic_axes, s.range) for s in specs
         ]
     params_fed = tuple(fed) if fed != [s.name for s in specs] else None
-    return ExampleInputs(tuple(specs), tensors, params=params_fed)
+    free = {} if cfg.input_specs else _free_axes(specs)
+    return ExampleInputs(tuple(specs), tensors, params=params_fed, free_axes=free)
+
+
+def _free_axes(specs: list[InputSpec]) -> dict[str, dict[int, str]]:
+    """The registered free axes of the generated specs (user-given specs keep exactly what they say)."""
+    return {
+        s.name: dict(_FREE_AXES[s.name])
+        for s in specs
+        if s.name in _FREE_AXES and max(_FREE_AXES[s.name]) < len(s.shape)
+    }

@@ -55,6 +55,10 @@ __all__ = [
 VERIFY_ATOL = 1e-4
 #: Probe batch: two rows, the second padded (at the end, then at the start), so mask handling and batch size\n#: both count; a KV cache gets a past of 5 positions.
 PROBE_BATCH, PROBE_SEQ, PROBE_PAD, PROBE_ID_RANGE, PROBE_PAST = 2, 8, 3, 10, 5
+#: Probe size of an image's dynamic ``height``/``width`` (Optimum's names, which exports use): 224, the size
+#: most image models are trained at, a multiple of every usual stride and patch (4, 7, 8, 14, 16, 32). A
+#: sequence's 8 would leave a deep CNN's last stages with no pixels.
+PROBE_IMAGE, IMAGE_AXES = 224, frozenset({"height", "width"})
 
 #: onnxscript's per-rule counters, grouped into the fusions a user asks about (name -> counters).
 FUSION_REPORT_KEYS: dict[str, tuple[str, ...]] = {
@@ -137,8 +141,9 @@ def _safe_only(model: Any) -> dict[str, int]:
 
 
 def _dynamic_sizes(model: onnx.ModelProto) -> dict[str, int]:
-    """Probe size per dynamic dim symbol: batch 2, sequence 8, a cache's past length 5, and a mask over
-    past + new tokens (a symbol only the mask has, in a graph with ``past*`` inputs) 8 + 5."""
+    """Probe size per dynamic dim symbol: batch 2, sequence 8, a cache's past length 5, a mask over
+    past + new tokens (a symbol only the mask has, in a graph with ``past*`` inputs) 8 + 5, an image's
+    height and width :data:`PROBE_IMAGE`."""
     sizes: dict[str, int] = {}
     owners: dict[str, set[str]] = {}
     for inp in model.graph.input:
@@ -146,7 +151,8 @@ def _dynamic_sizes(model: onnx.ModelProto) -> dict[str, int]:
             if d.dim_param:
                 owners.setdefault(d.dim_param, set()).add(inp.name)
                 past = "past" in inp.name.lower() and k == 2
-                sizes.setdefault(d.dim_param, PROBE_BATCH if k == 0 else PROBE_PAST if past else PROBE_SEQ)
+                size = PROBE_IMAGE if d.dim_param in IMAGE_AXES else PROBE_PAST if past else PROBE_SEQ
+                sizes.setdefault(d.dim_param, PROBE_BATCH if k == 0 else size)
     if any("past" in i.name.lower() for i in model.graph.input):
         for inp in model.graph.input:
             dims = inp.type.tensor_type.shape.dim
