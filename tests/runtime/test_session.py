@@ -61,15 +61,19 @@ def test_failing_provider_is_recorded_then_cpu(model_file: Path, monkeypatch: py
     monkeypatch.setattr(session_mod, "available_providers", lambda: ["CUDAExecutionProvider", CPU])
     real = ort.InferenceSession
 
-    def fake(model, sess_options=None, providers=None, provider_options=None):  # noqa: ANN001
+    def fake(model, sess_options=None, providers=None, provider_options=None, **kwargs):  # noqa: ANN001
         if providers and providers[0] == "CUDAExecutionProvider":
             raise RuntimeError("CUDA driver not found")
-        return real(model, sess_options=sess_options, providers=providers, provider_options=provider_options)
+        seen.append(kwargs.get("disabled_optimizers"))
+        return real(model, sess_options, providers, provider_options, **kwargs)
+
+    seen: list[object] = []
 
     monkeypatch.setattr(ort, "InferenceSession", fake)
     _, info = create_session(model_file, providers=["cuda"])
     assert info.tried == ["CUDAExecutionProvider", CPU]
     assert "CUDA driver not found" in info.errors["CUDAExecutionProvider"] and info.provider == CPU
+    assert seen == [["SkipLayerNormFusion"]]  # the CPU fallback runs as a CPU-only session
 
 
 @pytest.mark.must

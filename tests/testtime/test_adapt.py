@@ -42,8 +42,8 @@ def test_adaptation_equals_train_mode_batchnorm(digits_export: Any, digits_cnn: 
     assert len(adapter.layers) == 3
     state = adapter.adapt({"x": x})  # one pass per BN layer: exact
     ref = _train_mode_stats(digits_cnn, x)
-    for name, value in ref.items():
-        np.testing.assert_allclose(state[name], value, rtol=1e-4, atol=1e-5)
+    for name, value in ref.items():  # float32 convolutions in ORT vs PyTorch: ~3e-4 relative by layer 2
+        np.testing.assert_allclose(state[name], value, rtol=1e-3, atol=1e-5, err_msg=name)
     one_pass = adapter.adapt({"x": x}, iterations=1)  # later layers still see source-normalized inputs
     assert not np.allclose(one_pass["features.1.1.running_mean"], ref["features.1.1.running_mean"], atol=1e-3)
 
