@@ -248,6 +248,11 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--threads", default="1,0", help="Comma list of ORT/torch thread counts; 0 = all.")
     parser.add_argument("--shapes", default=",".join(f"{b}x{s}" for b, s in SHAPES), help="BATCHxSEQ list.")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument(
+        "--name",
+        default="fusion_latency",
+        help="Results file: benchmarks/results/NAME.json (a partial grid).",
+    )
     args = parser.parse_args()
     if args.quick:
         args.models, args.threads, args.rounds = "minilm", "1", min(args.rounds, 10)
@@ -283,7 +288,7 @@ def main() -> None:
                         f"O2 / fp32 GEMM floor = {row['ours_O2_vs_gemm_floor']}x",
                         flush=True,
                     )
-    print(write_results("fusion_latency", results))
+    print(write_results(args.name, results))
 
 
 if __name__ == "__main__":

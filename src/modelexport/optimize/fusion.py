@@ -7,20 +7,21 @@ Runtime's ``onnxruntime.transformers.optimizer`` was written for TorchScript gra
 attention on dynamo graphs; it runs after this only where it still adds something (see
 :func:`ort_fusion_needed`).
 
-A decoder exported with a key/value cache gets no attention fusion from onnxscript (its
-GroupQueryAttention rule expects another mask pattern and drops the mask, assuming unpadded batches).
-:mod:`.cached_attention` then rewrites each layer's cache concatenation, repeated key/value heads and
-decomposed attention into one ONNX ``Attention`` (opset 23) that takes the graph's own padding + causal
-mask and the past, and writes ``present.*``: exact for grouped heads and any padding, left padding
-included, because the mask is applied as the graph applies it (``com.microsoft.GroupQueryAttention``
-assumes each row's cache is valid from position 0, and is slower on the CPU).
+A decoder gets no usable attention fusion from onnxscript (its GroupQueryAttention rule expects another
+mask pattern and drops the mask, assuming unpadded batches). :mod:`.masked_attention` then rewrites each
+layer's cache concatenation (if any), repeated key/value heads and decomposed attention into one ONNX
+``Attention`` (opset 23) that takes the graph's own padding + causal mask and the past, and writes
+``present.*``: exact for grouped heads and any padding, left padding included, because the mask is
+applied as the graph applies it (``com.microsoft.GroupQueryAttention`` assumes each row's cache is valid
+from position 0, and is slower on the CPU).
 
-Some rules assume more than the graph states: the GroupQueryAttention rule ignores the attention mask
-of a decoder exported without a KV cache (outputs differ on a padded batch). So every fusion is
-checked: the fused graph and its input run on a batch of two padded right, then left (:func:`probe_feeds`;
-a KV cache gets a past, the mask spans past + new tokens); when they
-differ beyond the export tolerance, only the fusions that cannot change attention semantics
-(``SAFE_FUSIONS``: normalization and Gelu) are applied instead, and the rejection is reported.
+Some rules assume more than the graph states: the GroupQueryAttention and rotary rules ignore the
+attention mask and the batch of a decoder exported without a KV cache (outputs differ on a padded batch).
+So every fusion is checked: the fused graph and its input run on a batch of two padded right, then left
+(:func:`probe_feeds`; a KV cache gets a past, the mask spans past + new tokens). When they differ beyond
+the export tolerance, the next set is tried: the fusions that cannot change attention semantics
+(``SAFE_FUSIONS``: normalization and Gelu) with the masked attention, then those alone; the rejections
+are reported.
 
 onnxscript copies the metadata of one matched node onto the fused node; that tag is removed here so
 the re-tagging (:class:`..retag.Retagged`) gives each fused node the deepest common ancestor of the
@@ -36,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 from ..hierarchy.graph import index_limits
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY
 from ..runtime.session import create_session
-from .cached_attention import fuse_cached_attention
 from .mask_index import use_mask_index
+from .masked_attention import fuse_masked_attention
 
 if TYPE_CHECKING:
     import onnx
@@ -63,9 +64,9 @@ PROBE_IMAGE, IMAGE_AXES = 224, frozenset({"height", "width"})
 #: onnxscript's per-rule counters, grouped into the fusions a user asks about (name -> counters).
 FUSION_REPORT_KEYS: dict[str, tuple[str, ...]] = {
     "attention": ("attention",),
-    "multi_head_attention": ("mha1", "mha2", "kv_cache_mha"),
+    "multi_head_attention": ("mha1", "mha2", "kv_cache_mha", "no_cache_mha"),
     "sdpa": ("sdpa",),
-    "group_query_attention": ("gqa", "packed_qkv_for_gqa", "kv_cache_gqa"),
+    "group_query_attention": ("gqa", "packed_qkv_for_gqa", "kv_cache_gqa", "no_cache_gqa"),
     "rotary_embedding": ("rotary_embedding", "partial_rotary_embedding"),
     "cos_sin_cache": ("cos_sin_cache",),
     "skip_layer_normalization": ("skip_layer_normalization",),
@@ -123,11 +124,11 @@ SAFE_FUSIONS = (
 
 def _all_fusions(model: Any) -> dict[str, int]:
     """onnxscript's fusions for ORT, then the attention of a key/value cache as ONNX ``Attention``
-    (:mod:`.cached_attention`: onnxscript matches none there, and its GroupQueryAttention drops the mask)."""
+    (:mod:`.masked_attention`: onnxscript matches none there, and its GroupQueryAttention drops the mask)."""
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
     counts = optimize_for_ort(model)[1]
-    return {**counts, **fuse_cached_attention(model)}
+    return {**counts, **fuse_masked_attention(model)}
 
 
 def _safe_only(model: Any) -> dict[str, int]:
@@ -138,6 +139,13 @@ def _safe_only(model: Any) -> dict[str, int]:
     counts = {name: rules[name](model) for name in SAFE_FUSIONS}
     optimizer.optimize(model)
     return counts
+
+
+def _safe_and_attention(model: Any) -> dict[str, int]:
+    """The safe fusions and each attention as ONNX ``Attention`` with the graph's own mask: for graphs
+    where one of onnxscript's other rules changes the outputs (its GroupQueryAttention and rotary rules
+    on a decoder exported without a cache)."""
+    return {**_safe_only(model), **fuse_masked_attention(model)}
 
 
 def _dynamic_sizes(model: onnx.ModelProto) -> dict[str, int]:
@@ -243,7 +251,7 @@ def fuse_for_ort(model: onnx.ModelProto, atol: float = VERIFY_ATOL) -> tuple[onn
     except Exception as exc:  # noqa: BLE001 - inputs the probe cannot build (a shape the graph constrains)
         reason = f"the unfused model does not run on generated probe inputs ({type(exc).__name__}); fusion unchecked"
         return model, {**stats, "fusions": "none", "matched": {}, "rules": {}, "rejected": {"probe": reason}}
-    for name, apply in (("all", _all_fusions), ("safe", _safe_only)):
+    for name, apply in (("all", _all_fusions), ("safe+attention", _safe_and_attention), ("safe", _safe_only)):
         out, rules = _fused(model, apply)
         if name == "all":  # the padding mask as ORT's mask_index: no 4-D bias built per run
             out, rules["mask_index"] = use_mask_index(out)

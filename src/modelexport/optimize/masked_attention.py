@@ -1,7 +1,8 @@
-"""Fuse the attention of a decoder graph with a key/value cache into ONNX's ``Attention`` (opset 23).
+"""Fuse masked attention (a decoder's, with or without a key/value cache) into ONNX's ``Attention`` (opset 23).
 
 The dynamo exporter writes each cached self-attention as ``Concat(past, new)`` for keys and values (the
-``present.*`` outputs), the key/value heads repeated for grouped-query attention (``Unsqueeze`` ->
+``present.*`` outputs; without a cache the new keys and values are attended alone), the key/value heads
+repeated for grouped-query attention (``Unsqueeze`` ->
 ``Expand`` -> ``Reshape``), and scaled dot-product attention decomposed into ``MatMul`` / ``Softmax``
 with the padding + causal mask added as ``Where(mask, 0, lowest float)``. ONNX's ``Attention``
 (opset 23) defines exactly that computation in one node: 4-D query / key / value with fewer key/value
@@ -19,12 +20,12 @@ slower than the decomposed graph on one thread: 11.6 vs 8.4 us for a tiny decodi
 for a 32-token prefill with 32 heads (``Attention`` 1.4-1.8x faster than the decomposed ops).
 ``com.microsoft.MultiHeadAttention`` has no grouped key/value heads.
 
-One difference, outside what a generator reads: a query row whose keys are all masked (a padding
-position of a left-padded first step) is a zero row in ``Attention`` (and in every ORT attention
-kernel); the decomposed graph averages all values there. Such rows only reach that padding position's
-own logits and later-layer cache entries, which every valid position masks; logits and cache entries
-of real tokens are unchanged. The fused graph is still checked against its input by
-``fusion.fuse_for_ort``'s probe.
+A query row whose keys are all masked (a padding position of a left-padded first step) is a zero row
+in ``Attention`` (and in every ORT attention kernel), while the decomposed graph averages all values
+there (its mask adds the same lowest float to every score of the row). The rewrite puts that mean back
+(a ``Where`` on the rows the mask leaves blind, computed once per mask), so the fused graph equals its
+input on every row, padding included, and ``fusion.fuse_for_ort``'s probe checks it on left-padded
+batches with and without a past. A mask of -inf with the exporter's NaN guard gives zeros in both.
 
 The default-domain opset is raised to 23 only when a match was rewritten (onnxscript's version
 converter; ops between opset 18 and 23 keep their semantics or get an adapter).
@@ -39,14 +40,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import onnx_ir as ir
 
-__all__ = ["ATTENTION_OPSET", "CACHED_ATTENTION_RULES", "fuse_cached_attention"]
+__all__ = ["ATTENTION_OPSET", "ATTENTION_RULES", "fuse_masked_attention"]
 
 #: The default-domain opset that defines ``Attention`` with grouped heads, past and present.
 ATTENTION_OPSET = 23
 #: Lowest default-domain opset onnxscript's version converter raises to ``ATTENTION_OPSET``.
 _MIN_CONVERTIBLE_OPSET = 18
-#: Counter names, as reported by ``fusion.fuse_for_ort``: key/value heads repeated (grouped) or not.
-CACHED_ATTENTION_RULES = ("kv_cache_gqa", "kv_cache_mha")
+#: Counter names, as reported by ``fusion.fuse_for_ort``: with a key/value cache or without, key/value heads
+#: repeated (grouped) or not.
+ATTENTION_RULES = ("kv_cache_gqa", "kv_cache_mha", "no_cache_gqa", "no_cache_mha")
 
 
 def _scaled(op: Any, x: Any, scale: Any, tag: str) -> Any:
@@ -82,8 +84,16 @@ def _target(
     key transpose and scaling, the optional NaN guard of a boolean mask)."""
     from onnxscript.rewriter import pattern
 
-    present_key = op.Concat(past_key, key, _outputs=["present_key"])
-    present_value = op.Concat(past_value, value, _outputs=["present_value"])
+    present_key = pattern.OrValue(  # a graph without a cache attends to the new keys alone
+        [op.Concat(past_key, key, _outputs=["present_key"]), key],
+        tag_var="cached_key",
+        tag_values=[True, False],
+    )
+    present_value = pattern.OrValue(
+        [op.Concat(past_value, value, _outputs=["present_value"]), value],
+        tag_var="cached_value",
+        tag_values=[True, False],
+    )
     keys = _repeated_heads(op, present_key, "keys")
     values = _repeated_heads(op, present_value, "values")
     keys_3d = op.Reshape(keys, pattern.ANY_VALUE, _outputs=["keys_3d"])
@@ -132,6 +142,15 @@ def _scale(bindings: dict[str, Any]) -> float | None:
     return float(scale) if math.isfinite(scale) and scale > 0 else None
 
 
+def _masked_value(mask: ir.Value) -> float | None:
+    """The value ``Where(c, 0, low)`` adds to a removed key's score (the lowest float or -inf), else None."""
+    from onnxscript.rewriter import _ir_utils
+
+    node = mask.producer()
+    low = None if node is None or len(node.inputs) != 3 else _ir_utils.get_numpy_value(node.inputs[2])
+    return None if _boolean_mask(mask) is None or low is None else float(low.item())
+
+
 def _boolean_mask(mask: ir.Value) -> ir.Value | None:
     """The boolean mask ``c`` of an additive mask ``Where(c, 0, lowest float or -inf)`` (else None):
     ``Attention`` takes it as is, and removes a key exactly where the added value did."""
@@ -152,10 +171,16 @@ def _boolean_mask(mask: ir.Value) -> ir.Value | None:
     return condition if float(low.item()) <= lowest < 0 else None
 
 
+def _attended(bindings: dict[str, Any], cache: str) -> Any:
+    """What the queries attend to, (B, Hkv, T, D): the present (past + new) of a cache, else the new keys
+    or values."""
+    return bindings.get(f"present_{cache}") if bindings.get(f"cached_{cache}") else bindings.get(cache)
+
+
 def _grouping_ok(bindings: dict[str, Any], cache: str, heads: int) -> bool:
     """The cache (B, Hkv, T, D) reaches the scores as (B, heads, T, D): repeated with each key/value head
     serving ``heads // Hkv`` consecutive query heads (Unsqueeze at 2 -> Expand -> Reshape), or as is."""
-    present = _dims(bindings.get(f"present_{cache}"), 4)
+    present = _dims(_attended(bindings, cache), 4)
     if present is None or not isinstance(present[1], int):
         return False
     if not bindings.get(f"{cache}s_grouped"):
@@ -175,7 +200,7 @@ def _transpose_ok(bindings: dict[str, Any]) -> bool:
     """The 3-D form of the key transpose swaps exactly the last two axes of the repeated keys."""
     if not bindings.get("transpose_3d"):
         return True
-    keys = _dims(bindings.get("keys_repeated") or bindings.get("present_key"), 4)
+    keys = _dims(bindings.get("keys_repeated") or _attended(bindings, "key"), 4)
     flat, swapped = _dims(bindings.get("keys_3d"), 3), _dims(bindings.get("keys_t"), 4)
     return (
         keys is not None
@@ -195,12 +220,14 @@ def _concat_on_sequence(value: ir.Value | None) -> bool:
 def _condition(context: Any, **bindings: Any) -> bool:
     """Shapes, axes and constants that make the matched ops equal to ``Attention``."""
     query = _dims(bindings.get("query"), 4)
-    if query is None or not isinstance(query[1], int):
+    cached = bool(bindings.get("cached_key"))
+    if query is None or not isinstance(query[1], int) or cached != bool(bindings.get("cached_value")):
         return False
+    inputs = ("key", "value", "past_key", "past_value") if cached else ("key", "value")
     return (
-        all(_dims(bindings.get(name), 4) is not None for name in ("key", "value", "past_key", "past_value"))
-        and _concat_on_sequence(bindings.get("present_key"))
-        and _concat_on_sequence(bindings.get("present_value"))
+        all(_dims(bindings.get(name), 4) is not None for name in inputs)
+        and (not cached or _concat_on_sequence(bindings.get("present_key")))
+        and (not cached or _concat_on_sequence(bindings.get("present_value")))
         and _grouping_ok(bindings, "key", query[1])
         and _grouping_ok(bindings, "value", query[1])
         and _transpose_ok(bindings)
@@ -216,26 +243,35 @@ class _Rewrites:
     after the rule set ran (the pattern has one output, the attention, so matching stays linear)."""
 
     presents: list[tuple[ir.Value, ir.Value]] = field(default_factory=list)
-    grouped: int = 0
-    plain: int = 0
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ATTENTION_RULES, 0))
+    #: boolean mask -> its (B, 1, S, 1) "sees no key" rows, computed once for every layer that reads it
+    blind: dict[int, ir.Value] = field(default_factory=dict)
 
     def replace(self, op: Any, **bindings: Any) -> Any:
         mask = bindings["mask"]
-        output, present_key, present_value = op.Attention(
+        cached = bool(bindings.get("cached_key"))
+        past = [bindings["past_key"], bindings["past_value"]] if cached else []
+        outputs = op.Attention(
             bindings["query"],
             bindings["key"],
             bindings["value"],
             _boolean_mask(mask) or mask,
-            bindings["past_key"],
-            bindings["past_value"],
+            *past,
             scale=_scale(bindings),
-            _outputs=3,
+            _outputs=3 if cached else 1,
         )
-        self.presents += [(bindings["present_key"], present_key), (bindings["present_value"], present_value)]
-        if bindings.get("keys_grouped"):
-            self.grouped += 1
-        else:
-            self.plain += 1
+        output = outputs[0] if cached else outputs
+        if cached:
+            self.presents += [(bindings["present_key"], outputs[1]), (bindings["present_value"], outputs[2])]
+        grouped = "gqa" if bindings.get("keys_grouped") else "mha"
+        self.counts[f"{'kv_cache' if cached else 'no_cache'}_{grouped}"] += 1
+        low = _masked_value(mask)
+        if low is not None and math.isfinite(low):
+            values = outputs[2] if cached else bindings["value"]
+            keep = _boolean_mask(mask)
+            if id(keep) not in self.blind:
+                self.blind[id(keep)] = _blind_rows(op, keep)
+            output = _unattended_rows_average(op, output, self.blind[id(keep)], values, bindings)
         return output
 
     def move_presents(self) -> None:
@@ -249,7 +285,31 @@ class _Rewrites:
             new.name = name
 
 
-def fuse_cached_attention(model: ir.Model) -> dict[str, int]:
+def _blind_rows(op: Any, keep: Any) -> Any:
+    """(B, 1, S, 1): the query rows of boolean mask ``keep`` (B, 1, S, T) that see no key."""
+    import onnx_ir as ir
+
+    seen = op.ReduceMax(op.Cast(keep, to=ir.DataType.FLOAT), op.Constant(value_ints=[-1]), keepdims=1)
+    return op.Equal(seen, op.Constant(value_float=0.0))
+
+
+def _unattended_rows_average(op: Any, output: Any, blind: Any, values: Any, bindings: dict[str, Any]) -> Any:
+    """``output`` with each query row that sees no key (``blind``) replaced by the mean of the values, as
+    the decomposed graph computes it: its mask adds the same lowest float to every score of such a row, so
+    softmax weighs every key alike; ``Attention`` (every ONNX Runtime kernel) writes zeros there. Keeps the
+    fusion exact on a left-padded first step, whose padding positions see no key."""
+    mean = op.ReduceMean(values, op.Constant(value_ints=[2]), keepdims=1)  # (B, Hkv, 1, D)
+    heads, kv_heads = _dims(bindings["query"], 4)[1], _dims(_attended(bindings, "value"), 4)[1]
+    if heads != kv_heads:  # each key/value head serves heads // kv_heads consecutive query heads
+        wide = op.Constant(value_ints=[1, 1, heads // kv_heads, 1, 1])
+        mean = op.Reshape(
+            op.Expand(op.Unsqueeze(mean, op.Constant(value_ints=[2])), wide),
+            op.Constant(value_ints=[0, heads, 1, -1]),
+        )
+    return op.Where(blind, mean, output)
+
+
+def fuse_masked_attention(model: ir.Model) -> dict[str, int]:
     """Rewrite each cached attention of ``model`` (in place) into ``Attention``; returns the counts per
     kind (``CACHED_ATTENTION_RULES``). Nothing changes in a graph whose opset cannot be raised to 23."""
     import onnx_ir as ir
@@ -259,7 +319,8 @@ def fuse_cached_attention(model: ir.Model) -> dict[str, int]:
 
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 0))
     if opset < _MIN_CONVERTIBLE_OPSET:
-        return dict.fromkeys(CACHED_ATTENTION_RULES, 0)
+        return dict.fromkeys(ATTENTION_RULES, 0)
+    common_passes.ShapeInferencePass()(model)  # the rule checks heads and ranks on inferred shapes
     rewrites = _Rewrites()
     rule = pattern.RewriteRule(
         _target, rewrites.replace, _condition, name="CachedAttention", remove_nodes=False
@@ -271,4 +332,4 @@ def fuse_cached_attention(model: ir.Model) -> dict[str, int]:
         ir.passes.Sequential(common_passes.RemoveUnusedNodesPass(), common_passes.TopologicalSortPass())(
             model
         )
-    return dict(zip(CACHED_ATTENTION_RULES, (rewrites.grouped, rewrites.plain), strict=True))
+    return dict(rewrites.counts)
