@@ -12,15 +12,12 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import ExportError, FixedAxisError, InputSpecError, UnsupportedOperatorError
 from .experts import every_expert_runs
-from .inputs import ExampleInputs
+from .inputs import ExampleInputs, OtherSize, first_line
 from .parity import flatten_outputs
-
-if TYPE_CHECKING:
-    from .free_axes import OtherSize
 
 __all__ = ["CaptureSettings", "EXPORTER_REGISTRY", "capture", "exporter"]
 
@@ -166,7 +163,7 @@ def _program_with_free_axes(model: Any, inputs: ExampleInputs, other: OtherSize)
             f"torch.export took over {other.export_budget_s:.3g} CPU s with {other.axes} free"
         ) from exc
     except Exception as exc:  # noqa: BLE001 - any failure here means the axes cannot stay free
-        raise FixedAxisError(f"torch.export cannot leave {other.axes} free: {_first_line(exc)}") from exc
+        raise FixedAxisError(f"torch.export cannot leave {other.axes} free: {first_line(exc)}") from exc
     module = program.module()
     problem = other.mismatch(
         lambda: [t for _, t in flatten_outputs(module(**other.kwargs))], "torch.export's graph"
@@ -220,11 +217,6 @@ def _axis_names(model: Any, inputs: ExampleInputs) -> dict[str, str]:
             if renames.setdefault(symbol.value, name) != name:
                 raise FixedAxisError(f"torch.export made {name} equal to {renames[symbol.value]}")
     return renames
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 @contextlib.contextmanager

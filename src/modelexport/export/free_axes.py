@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,10 @@ from ..onnxfile import needs_external_data, save_onnx
 from ..runtime.session import create_session
 from .capture import CaptureSettings, capture, training_modes
 from .context import ExportContext
-from .inputs import ExampleInputs, modality_config, tensor_to_numpy
+from .inputs import ExampleInputs, OtherSize, first_line, modality_config
 from .parity import PARITY_RUNNERS, flatten_outputs, runner_for
 
-__all__ = ["DEFAULT_STEP", "OtherSize", "capture_graph", "probe_other_size", "size_step"]
+__all__ = ["DEFAULT_STEP", "capture_graph", "probe_other_size", "size_step"]
 
 #: The step where neither a patch size nor the outputs show one: the deepest stride of common CNNs.
 DEFAULT_STEP = 32
@@ -42,60 +41,6 @@ DEFAULT_STEP = 32
 #: attention that pads to window multiples (whose size arithmetic sympy reasons about for minutes, and
 #: whose graph then fails at the other size anyway).
 EXPORT_BUDGET_S, EXPORT_BUDGET_PER_CALL_S = 5.0, 0.05
-
-
-@dataclass(frozen=True)
-class OtherSize:
-    """The example inputs at another height/width and PyTorch's outputs there: what a graph whose free
-    axes are dynamic must reproduce."""
-
-    tensors: dict[str, Any]  # every input by graph name, the resized ones drawn anew
-    kwargs: dict[str, Any]  # the same, as forward() takes them
-    reference: list[tuple[str, Any]]
-    shapes: dict[str, tuple[int, ...]]  # the resized inputs' shapes
-    axes: str  # what is tried free, e.g. "height/width"
-    atol: float
-    scaled: bool = False
-    #: CPU seconds torch.export may take with the axes free (None: no limit, once it has succeeded).
-    export_budget_s: float | None = None
-
-    @property
-    def label(self) -> str:
-        """The other size, e.g. ``40x48``."""
-        return ", ".join("x".join(str(d) for d in shape[2:]) for shape in self.shapes.values())
-
-    def feeds(self) -> dict[str, np.ndarray]:
-        return {k: tensor_to_numpy(v) for k, v in self.tensors.items()}
-
-    def mismatch(self, run: Callable[[], list[Any]], what: str) -> str | None:
-        """Why ``run()`` (``what`` at this size: torch.export's graph, the ONNX graph) does not give
-        PyTorch's outputs here, or None."""
-        try:
-            got = list(run())
-        except Exception as exc:  # noqa: BLE001 - any failure at the other size means the size is fixed
-            return f"{what} fails at {self.label} ({type(exc).__name__}: {_first_line(exc)})"
-        want = [t for _, t in self.reference]
-        if [tuple(g.shape) for g in got] != [tuple(w.shape) for w in want]:
-            return f"{what} gives other output shapes than PyTorch at {self.label}"
-        worst = max(
-            (_excess(g, w, self.atol, self.scaled) for g, w in zip(got, want, strict=True)), default=0.0
-        )
-        return f"{what} differs from PyTorch at {self.label} by {worst:.3g}" if worst > 0 else None
-
-
-def _excess(got: Any, want: Any, atol: float, scaled: bool) -> float:
-    """How far beyond the bound ``got`` is from ``want`` (0 when within), the bound as parity sets it."""
-    g, w = (np.asarray(tensor_to_numpy(t) if hasattr(t, "detach") else t, np.float64) for t in (got, want))
-    if not w.size:
-        return 0.0
-    diff = float(np.abs(g - w).max())
-    bound = atol * max(1.0, float(np.abs(w).max())) if scaled else atol
-    return diff if diff > bound else 0.0
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
 def size_step(module: Any, inputs: ExampleInputs, reference: list[tuple[str, Any]]) -> int:
@@ -140,7 +85,7 @@ def probe_other_size(
     except Exception as exc:  # noqa: BLE001 - any failure at the other size means the size is fixed
         return (
             None,
-            f"{axes} fixed: PyTorch fails at {other.label} ({type(exc).__name__}: {_first_line(exc)})",
+            f"{axes} fixed: PyTorch fails at {other.label} ({type(exc).__name__}: {first_line(exc)})",
         )
     if [(n, t.dim()) for n, t in out] != [(n, t.dim()) for n, t in reference]:
         return None, f"{axes} fixed: PyTorch's outputs at {other.label} differ in number or rank"

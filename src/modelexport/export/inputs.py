@@ -13,16 +13,15 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import InputSpecError
 from .config import ExportConfig, InputSpec
 
-if TYPE_CHECKING:
-    from .free_axes import OtherSize
-
 __all__ = [
     "ExampleInputs",
+    "OtherSize",
+    "first_line",
     "build_inputs",
     "forward_parameters",
     "hf_example",
@@ -249,6 +248,63 @@ class ExampleInputs:
         """While the graph is captured and checked: what ``module`` runs. Its own ``forward`` here;
         inputs of one step of a multi-graph export put that step in its place."""
         yield
+
+
+@dataclass(frozen=True)
+class OtherSize:
+    """The example inputs at another height/width and PyTorch's outputs there: what a graph whose free
+    axes are dynamic must reproduce."""
+
+    tensors: dict[str, Any]  # every input by graph name, the resized ones drawn anew
+    kwargs: dict[str, Any]  # the same, as forward() takes them
+    reference: list[tuple[str, Any]]
+    shapes: dict[str, tuple[int, ...]]  # the resized inputs' shapes
+    axes: str  # what is tried free, e.g. "height/width"
+    atol: float
+    scaled: bool = False
+    #: CPU seconds torch.export may take with the axes free (None: no limit, once it has succeeded).
+    export_budget_s: float | None = None
+
+    @property
+    def label(self) -> str:
+        """The other size, e.g. ``40x48``."""
+        return ", ".join("x".join(str(d) for d in shape[2:]) for shape in self.shapes.values())
+
+    def feeds(self) -> dict[str, Any]:
+        return {k: tensor_to_numpy(v) for k, v in self.tensors.items()}
+
+    def mismatch(self, run: Callable[[], list[Any]], what: str) -> str | None:
+        """Why ``run()`` (``what`` at this size: torch.export's graph, the ONNX graph) does not give
+        PyTorch's outputs here, or None."""
+        try:
+            got = list(run())
+        except Exception as exc:  # noqa: BLE001 - any failure at the other size means the size is fixed
+            return f"{what} fails at {self.label} ({type(exc).__name__}: {first_line(exc)})"
+        want = [t for _, t in self.reference]
+        if [tuple(g.shape) for g in got] != [tuple(w.shape) for w in want]:
+            return f"{what} gives other output shapes than PyTorch at {self.label}"
+        worst = max(
+            (_excess(g, w, self.atol, self.scaled) for g, w in zip(got, want, strict=True)), default=0.0
+        )
+        return f"{what} differs from PyTorch at {self.label} by {worst:.3g}" if worst > 0 else None
+
+
+def _excess(got: Any, want: Any, atol: float, scaled: bool) -> float:
+    """How far beyond the bound ``got`` is from ``want`` (0 when within), the bound as parity sets it."""
+    import numpy as np
+
+    g, w = (np.asarray(tensor_to_numpy(t) if hasattr(t, "detach") else t, np.float64) for t in (got, want))
+    if not w.size:
+        return 0.0
+    diff = float(np.abs(g - w).max())
+    bound = atol * max(1.0, float(np.abs(w).max())) if scaled else atol
+    return diff if diff > bound else 0.0
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type when it has none), at most 300 characters."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 def tensor_to_numpy(tensor: Any) -> Any:
