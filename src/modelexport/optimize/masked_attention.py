@@ -142,13 +142,12 @@ def _scale(bindings: dict[str, Any]) -> float | None:
     return float(scale) if math.isfinite(scale) and scale > 0 else None
 
 
-def _masked_value(mask: ir.Value) -> float | None:
-    """The value ``Where(c, 0, low)`` adds to a removed key's score (the lowest float or -inf), else None."""
+def _masked_value(mask: ir.Value) -> float:
+    """The value ``Where(c, 0, low)`` adds to a removed key's score: call it where :func:`_boolean_mask`
+    found ``c``, which checked ``low`` is a constant (the lowest float or -inf)."""
     from onnxscript.rewriter import _ir_utils
 
-    node = mask.producer()
-    low = None if node is None or len(node.inputs) != 3 else _ir_utils.get_numpy_value(node.inputs[2])
-    return None if _boolean_mask(mask) is None or low is None else float(low.item())
+    return float(_ir_utils.get_numpy_value(mask.producer().inputs[2]).item())
 
 
 def _boolean_mask(mask: ir.Value) -> ir.Value | None:
@@ -245,17 +244,18 @@ class _Rewrites:
     presents: list[tuple[ir.Value, ir.Value]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ATTENTION_RULES, 0))
     #: boolean mask -> its (B, 1, S, 1) "sees no key" rows, computed once for every layer that reads it
-    blind: dict[int, ir.Value] = field(default_factory=dict)
+    blind: dict[ir.Value, ir.Value] = field(default_factory=dict)
 
     def replace(self, op: Any, **bindings: Any) -> Any:
         mask = bindings["mask"]
+        keep = _boolean_mask(mask)
         cached = bool(bindings.get("cached_key"))
         past = [bindings["past_key"], bindings["past_value"]] if cached else []
         outputs = op.Attention(
             bindings["query"],
             bindings["key"],
             bindings["value"],
-            _boolean_mask(mask) or mask,
+            keep or mask,
             *past,
             scale=_scale(bindings),
             _outputs=3 if cached else 1,
@@ -265,13 +265,11 @@ class _Rewrites:
             self.presents += [(bindings["present_key"], outputs[1]), (bindings["present_value"], outputs[2])]
         grouped = "gqa" if bindings.get("keys_grouped") else "mha"
         self.counts[f"{'kv_cache' if cached else 'no_cache'}_{grouped}"] += 1
-        low = _masked_value(mask)
-        if low is not None and math.isfinite(low):
+        if keep is not None and math.isfinite(_masked_value(mask)):
             values = outputs[2] if cached else bindings["value"]
-            keep = _boolean_mask(mask)
-            if id(keep) not in self.blind:
-                self.blind[id(keep)] = _blind_rows(op, keep)
-            output = _unattended_rows_average(op, output, self.blind[id(keep)], values, bindings)
+            if keep not in self.blind:
+                self.blind[keep] = _blind_rows(op, keep)
+            output = _unattended_rows_average(op, output, self.blind[keep], values, bindings)
         return output
 
     def move_presents(self) -> None:
