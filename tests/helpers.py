@@ -1,12 +1,26 @@
-"""Assertions shared by test packages."""
+"""Assertions and facts about the environment shared by test packages."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 import numpy as np
 
-__all__ = ["assert_nested_close"]
+__all__ = ["HAS_OPTIMUM", "assert_nested_close"]
+
+
+def _has_optimum() -> bool:
+    try:
+        return importlib.util.find_spec("optimum") is not None and bool(
+            importlib.util.find_spec("optimum.onnxruntime")
+        )
+    except (ImportError, ValueError):
+        return False
+
+
+#: Optimum installs only beside transformers 4.57: the tests marked ``optimum`` run in `make test-compat`.
+HAS_OPTIMUM = _has_optimum()
 
 
 def assert_nested_close(a: Any, b: Any, tol: float = 1e-4) -> None:

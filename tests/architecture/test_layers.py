@@ -18,7 +18,9 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "modelexport"
 RANKS = {
-    **dict.fromkeys(("errors", "_version", "_config", "_io", "_numeric", "_stages", "onnxfile"), 0),
+    **dict.fromkeys(
+        ("errors", "_version", "_config", "_io", "_numeric", "_stages", "_transformers", "onnxfile"), 0
+    ),
     "hierarchy": 1,
     "metadata": 2,
     "runtime": 3,

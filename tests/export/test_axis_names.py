@@ -15,6 +15,7 @@ def _named_axes(values: Any) -> dict[str, dict[int, str]]:
     }
 
 
+@pytest.mark.optimum
 @pytest.mark.integration
 def test_tiny_bert_dims_are_named_as_optimum_names_them(tiny_bert_export: Any) -> None:
     import transformers

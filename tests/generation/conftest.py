@@ -82,7 +82,9 @@ def llama_with_past(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def save_t5(tokenizer_dir: Path, folder: Path) -> Path:
-    """A seeded tiny T5 (2 + 2 layers) with the MiniLM tokenizer: decoding starts at [PAD], ends at [SEP]."""
+    """A seeded tiny T5 (2 + 2 layers) with the MiniLM tokenizer: decoding starts at [PAD], ends at [SEP];
+    weights drawn 3x wider than T5's default (``initializer_factor``) so that greedy and beam tokens vary
+    from step to step under transformers 4 and 5 (their initialisations differ; 1.0 repeats one token)."""
     import torch
     import transformers
 
@@ -98,6 +100,7 @@ def save_t5(tokenizer_dir: Path, folder: Path) -> Path:
         decoder_start_token_id=tok.pad_token_id,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.sep_token_id,
+        initializer_factor=3.0,
     )
     torch.manual_seed(0)
     transformers.T5ForConditionalGeneration(config).eval().save_pretrained(folder)

@@ -85,6 +85,7 @@ def test_metadata_records_cache_layout_and_generation_config(llama_with_past: An
     assert saved["eos_token_id"] == original["eos_token_id"] == record["generation_config"]["eos_token_id"]
 
 
+@pytest.mark.optimum
 def test_optimum_loads_the_folder_and_generates_like_transformers(llama_with_past: Any) -> None:
     import torch
     import transformers

@@ -106,6 +106,7 @@ def test_package_manifest_and_metadata_record_graphs_and_cache_layout(t5_with_pa
     assert plan_replacement(out, overwrite=False) >= set(FILES)  # exporting again replaces our own files
 
 
+@pytest.mark.optimum
 def test_optimum_loads_the_folder_and_generates_like_transformers(t5_with_past: Any) -> None:
     import torch
     import transformers
@@ -182,11 +183,31 @@ def test_cache_and_encoder_states_stay_in_onnx_runtime(t5_gen: Any) -> None:
     assert state.past["0.decoder.key"].shape()[2] == 2
 
 
-def test_outputs_and_defaults_equal_the_transformers_pipeline(t5_gen: Any, t5_with_past: Any) -> None:
+def _text2text_reference(src: Path) -> Any:
+    """transformers' text2text-generation pipeline (4.x); transformers 5 removed it, so there the reference
+    is what it did: ``generate`` with its defaults (4 beams) and the tokenizer's decode without specials."""
+    import torch
     import transformers
+    from transformers.pipelines import SUPPORTED_TASKS
 
+    if "text2text-generation" in SUPPORTED_TASKS:
+        return transformers.pipeline("text2text-generation", model=str(src))
+    tok = transformers.AutoTokenizer.from_pretrained(str(src))
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(str(src)).eval()
+
+    def run(texts: str | list[str], **options: Any) -> list[dict[str, str]]:
+        enc = tok([texts] if isinstance(texts, str) else texts, padding=True, return_tensors="pt")
+        enc.pop("token_type_ids", None)
+        with torch.no_grad():
+            ids = model.generate(**enc, **{"num_beams": 4, **options})
+        return [{"generated_text": t} for t in tok.batch_decode(ids, skip_special_tokens=True)]
+
+    return run
+
+
+def test_outputs_and_defaults_equal_the_transformers_pipeline(t5_gen: Any, t5_with_past: Any) -> None:
     pipe, _, _ = t5_gen
-    ref = transformers.pipeline("text2text-generation", model=str(t5_with_past[0]))
+    ref = _text2text_reference(t5_with_past[0])
     one = pipe(PROMPTS[0], max_new_tokens=5)
     assert isinstance(one, list) and set(one[0]) == {"generated_text"} and one[0]["generated_text"]
     assert one == ref(PROMPTS[0], max_new_tokens=5)  # the pipeline's default: 4 beams
@@ -298,43 +319,73 @@ def test_o2_package_is_deployed_and_decodes_the_fp32_tokens(t5_o2_int8: Any, t5_
         )
 
 
-@pytest.mark.must
-def test_int8_package_stays_close_and_optimum_loads_it(
-    t5_o2_int8: Any, t5_gen: Any, t5_with_past: Any
-) -> None:
-    """Our pipeline on encoder_model_dynamic.onnx opens the int8 decoders; ORTModelForSeq2SeqLM loads the same
-    three files by name and generates our tokens."""
+def _t5_enc(src: Path) -> Any:
     import transformers
-    from optimum.onnxruntime import ORTModelForSeq2SeqLM
 
+    enc = transformers.AutoTokenizer.from_pretrained(str(src))(PROMPTS, padding=True, return_tensors="pt")
+    enc.pop("token_type_ids", None)
+    return enc
+
+
+@pytest.mark.must
+def test_int8_package_stays_close(t5_o2_int8: Any, t5_gen: Any) -> None:
+    """Our pipeline on encoder_model_dynamic.onnx opens the int8 decoders; first-step logits stay close."""
     out, _ = t5_o2_int8
     fp32, _, feeds = t5_gen
     int8 = pipeline("text2text-generation", model=out / "encoder_model_dynamic.onnx")
     assert Path(int8.first_step._model_path) == out / "decoder_model_dynamic.onnx"
     _assert_int8_close(fp32, int8, feeds)
+
+
+@pytest.mark.optimum
+def test_optimum_loads_the_int8_set_by_file_name_and_generates_our_tokens(
+    t5_o2_int8: Any, t5_gen: Any, t5_with_past: Any
+) -> None:
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    out, _ = t5_o2_int8
+    _, _, feeds = t5_gen
+    int8 = pipeline("text2text-generation", model=out / "encoder_model_dynamic.onnx")
     ours = int8.generate_from(feeds, int8.settings(max_new_tokens=8, num_beams=1))
     optimum = _optimum_set(ORTModelForSeq2SeqLM, out, "dynamic")
-    tok = transformers.AutoTokenizer.from_pretrained(str(t5_with_past[0]))
-    enc = tok(PROMPTS, padding=True, return_tensors="pt")
-    enc.pop("token_type_ids", None)
+    enc = _t5_enc(t5_with_past[0])
     np.testing.assert_array_equal(optimum.generate(**enc, max_new_tokens=8, do_sample=False).numpy(), ours)
 
 
-def test_quantize_cli_on_the_folder_writes_a_package_optimum_loads(
-    t5_with_past: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import transformers
-    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+@pytest.fixture(scope="module")
+def t5_quantized_by_cli(t5_with_past: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """``quantize FOLDER -o OUT`` on the exported package: (the new package, what the command printed)."""
+    import contextlib
+    import io
 
-    src, out, _ = t5_with_past
-    assert main(["quantize", str(out), "-o", str(tmp_path / "int8")]) == 0
-    assert "Quantized the 3 graphs" in capsys.readouterr().out
-    pkg = tmp_path / "int8"
+    _, out, _ = t5_with_past
+    pkg = tmp_path_factory.mktemp("t5_int8_cli") / "int8"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["quantize", str(out), "-o", str(pkg)]) == 0
+    return pkg, printed.getvalue()
+
+
+def test_quantize_cli_on_the_folder_writes_a_whole_package(
+    t5_with_past: Any, t5_quantized_by_cli: tuple[Path, str], t5_gen: Any
+) -> None:
+    _, out, _ = t5_with_past
+    pkg, printed = t5_quantized_by_cli
+    assert "Quantized the 3 graphs" in printed
     assert read_manifest(pkg)["components"] == read_manifest(out)["components"]
     assert all(tag_coverage(onnx.load(str(pkg / f)))["coverage_pct"] == 100.0 for f in FILES)
-    tok = transformers.AutoTokenizer.from_pretrained(str(src))
-    enc = tok(PROMPTS, padding=True, return_tensors="pt")
-    enc.pop("token_type_ids", None)
+    fp32, _, feeds = t5_gen
+    _assert_int8_close(fp32, pipeline("text2text-generation", model=pkg), feeds)
+
+
+@pytest.mark.optimum
+def test_optimum_loads_the_cli_quantized_package_and_generates_our_tokens(
+    t5_with_past: Any, t5_quantized_by_cli: tuple[Path, str]
+) -> None:
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    pkg, _ = t5_quantized_by_cli
+    enc = _t5_enc(t5_with_past[0])
     optimum = ORTModelForSeq2SeqLM.from_pretrained(pkg).generate(**enc, max_new_tokens=8, do_sample=False)
     pipe = pipeline("text2text-generation", model=pkg)
     ours = pipe.generate_from(pipe.processor(texts=PROMPTS), pipe.settings(max_new_tokens=8, num_beams=1))
@@ -355,30 +406,43 @@ def _waves() -> list[np.ndarray]:
     return [0.3 * np.sin(t), noise]
 
 
-def test_whisper_exports_three_graphs_and_decodes_like_transformers(whisper: Any) -> None:
+def _whisper_reference(src: Path) -> tuple[Any, Any]:
+    """(the feature extractor's features for _waves(), transformers' greedy ``generate`` on them)."""
     import torch
     import transformers
-    from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
 
-    src, out, result = whisper
-    assert result.coverage["coverage_pct"] == 100.0 and result.parity["passed"]
-    assert _io(out / FILES[0]) == (["input_features"], ["last_hidden_state"])
-    assert "encoder_attention_mask" not in _io(out / FILES[2])[0]
     extractor = transformers.WhisperFeatureExtractor.from_pretrained(str(src))
     features = extractor(_waves(), sampling_rate=16000, return_tensors="pt")["input_features"]
     with torch.no_grad():
         ref = transformers.WhisperForConditionalGeneration.from_pretrained(str(src)).generate(
             features, max_new_tokens=8
         )
+    return features, ref
+
+
+def test_whisper_exports_three_graphs_and_decodes_like_transformers(whisper: Any) -> None:
+    src, out, result = whisper
+    assert result.coverage["coverage_pct"] == 100.0 and result.parity["passed"]
+    assert _io(out / FILES[0]) == (["input_features"], ["last_hidden_state"])
+    assert "encoder_attention_mask" not in _io(out / FILES[2])[0]
+    _, ref = _whisper_reference(src)
     pipe = pipeline(model=out)
     assert pipe.task == "automatic-speech-recognition"
     ours = pipe.generate_from(pipe.processor(audio=_waves()), pipe.settings(max_new_tokens=8))
     np.testing.assert_array_equal(ours[:, 1:], ref.numpy())  # Whisper's generate drops the start token
     assert len(set(ours[:, 1:].ravel().tolist())) > 2
-    optimum = ORTModelForSpeechSeq2Seq.from_pretrained(out).generate(features, max_new_tokens=8)
-    np.testing.assert_array_equal(optimum.numpy(), ref.numpy())
     text = pipe(_waves()[0], max_new_tokens=4)
     assert set(text) == {"text"} and text["text"]
+
+
+@pytest.mark.optimum
+def test_optimum_loads_the_whisper_folder_and_decodes_like_transformers(whisper: Any) -> None:
+    from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
+
+    src, out, _ = whisper
+    features, ref = _whisper_reference(src)
+    optimum = ORTModelForSpeechSeq2Seq.from_pretrained(out).generate(features, max_new_tokens=8)
+    np.testing.assert_array_equal(optimum.numpy(), ref.numpy())
 
 
 #: A real Whisper checkpoint's prompt fields, on ids of the tiny model's (MiniLM) vocabulary.
@@ -492,23 +556,34 @@ def test_cli_infer_passes_language_and_task_to_the_speech_pipeline(
         assert message in err and "Hint:" in err and "Traceback" not in err
 
 
-def test_whisper_o2_and_int8_packages(whisper: Any, tmp_path: Path) -> None:
-    import torch
-    from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
+@pytest.fixture(scope="module")
+def whisper_o2_int8(whisper: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    src, _, _ = whisper
+    opt = tmp_path_factory.mktemp("whisper_opt") / "opt"
+    task = "automatic-speech-recognition-with-past"
+    return opt, export(src, opt, task=task, optimize="O2", quantize="dynamic")
 
-    src, out, _ = whisper
-    opt = tmp_path / "opt"
-    result = export(
-        src, opt, task="automatic-speech-recognition-with-past", optimize="O2", quantize="dynamic"
-    )
+
+def test_whisper_o2_and_int8_packages(whisper: Any, whisper_o2_int8: Any) -> None:
+    _, out, _ = whisper
+    opt, result = whisper_o2_int8
     assert result.parity["passed"] and set(result.parity["files"]) == set(_graph_set("O2").values())
     fp32, o2 = pipeline(model=out), pipeline(model=opt)
     assert o2.model_path == opt / "encoder_model_O2.onnx"
     feeds = fp32.processor(audio=_waves())
     greedy = fp32.generate_from(feeds, fp32.settings(max_new_tokens=8))
     np.testing.assert_array_equal(o2.generate_from(feeds, o2.settings(max_new_tokens=8)), greedy)
+    _assert_int8_close(fp32, pipeline(model=opt / "encoder_model_dynamic.onnx"), feeds)
+
+
+@pytest.mark.optimum
+def test_optimum_loads_the_whisper_int8_set_and_decodes_our_tokens(whisper_o2_int8: Any) -> None:
+    import torch
+    from optimum.onnxruntime import ORTModelForSpeechSeq2Seq
+
+    opt, _ = whisper_o2_int8
     int8 = pipeline(model=opt / "encoder_model_dynamic.onnx")
-    _assert_int8_close(fp32, int8, feeds)
+    feeds = int8.processor(audio=_waves())
     ours = int8.generate_from(feeds, int8.settings(max_new_tokens=8))
     optimum = _optimum_set(ORTModelForSpeechSeq2Seq, opt, "dynamic")
     features = torch.from_numpy(feeds["input_features"])

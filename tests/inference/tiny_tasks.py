@@ -94,7 +94,8 @@ def _tokenizer(folder: Path) -> Any:
 
     vocab = folder / "vocab.txt"
     vocab.write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
-    tok = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True, model_max_length=64)
+    # positional: transformers 4 calls it vocab_file, 5 vocab (5 ignores vocab_file: every token [UNK])
+    tok = BertTokenizerFast(str(vocab), do_lower_case=True, model_max_length=64)
     return tok
 
 

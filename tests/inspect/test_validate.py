@@ -87,6 +87,7 @@ def test_checker_failure_is_a_finding(export_copy: Path) -> None:
     assert [f.check for f in report.findings] == ["onnx_checker"]
 
 
+@pytest.mark.optimum
 @pytest.mark.integration
 def test_optimum_option(tiny_bert_export: Any, capsys: Any) -> None:
     pytest.importorskip("optimum.onnxruntime", reason="Optimum is an optional extra")

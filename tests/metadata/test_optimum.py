@@ -54,6 +54,7 @@ CASES = {
 }
 
 
+@pytest.mark.optimum
 @pytest.mark.parametrize("name", list(CASES))
 def test_optimum_loads_and_matches(task_export: Any, name: str) -> None:
     task, ort_cls, args, kwargs = CASES[name]
@@ -66,6 +67,7 @@ def test_optimum_loads_and_matches(task_export: Any, name: str) -> None:
     assert_nested_close(ours, theirs)
 
 
+@pytest.mark.optimum
 def test_optimum_feature_extraction_minilm(minilm_export: Any) -> None:
     import torch
     from optimum.onnxruntime import ORTModelForFeatureExtraction
@@ -91,6 +93,7 @@ def test_plain_torch_folder_is_reported_not_optimum_compatible(cnn_export: Any) 
     assert report.to_dict()["ok"] is False
 
 
+@pytest.mark.optimum
 def test_validate_optimum_cli(task_export: Any, cnn_export: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from modelexport.cli.app import main
 

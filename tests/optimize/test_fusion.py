@@ -142,11 +142,13 @@ def test_o2_fuses_vit(export_cache: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.compat
 def test_o2_fuses_a_decoder_without_cache_exactly(export_cache: Any, tmp_path: Path) -> None:
-    """onnxscript's GroupQueryAttention / rotary rules ignore the mask and the batch of a decoder exported
-    without a KV cache; the probe rejects them, and the normalization fusions go with each attention as
-    ONNX ``Attention`` over the graph's own mask (``optimize/masked_attention.py``): equal on left-padded
-    rows too, the padding queries that see no key included."""
+    """On transformers 4's graph onnxscript's GroupQueryAttention / rotary rules ignore the mask and the batch
+    of a decoder exported without a KV cache; the probe rejects them, and the normalization fusions go with
+    each attention as ONNX ``Attention`` over the graph's own mask (``optimize/masked_attention.py``). On
+    transformers 5's the full set passes the probe. Either way: equal on left-padded rows too, the padding
+    queries that see no key included."""
     from tests.models.hf_models import tiny_hf_model
 
     # the grid's own export of the tiny Llama (tests/export/test_grid.py): no second export
@@ -157,15 +159,15 @@ def test_o2_fuses_a_decoder_without_cache_exactly(export_cache: Any, tmp_path: P
     )
     out = tmp_path / "o2.onnx"
     model, stats = _check_o2(src, out, vocab=99)
-    assert stats["onnxscript"]["fusions"] == "safe+attention"
-    assert "group_query_attention" in stats["onnxscript"]["rejected"]["all"]
-    assert stats["matched"] == {
-        "group_query_attention": 2,
-        "rms_normalization": 5,
-        "skip_rms_normalization": 4,
-    }
+    fusions = stats["onnxscript"]["fusions"]
+    if fusions == "safe+attention":  # transformers 4's graph: onnxscript's GQA rule drops its mask
+        assert "group_query_attention" in stats["onnxscript"]["rejected"]["all"]
+    else:  # transformers 5's graph (plain SDPA, rotary angles as a product): onnxscript's set is exact on it
+        assert fusions == "all" and {"sdpa", "rotary_embedding"} <= set(stats["matched"])
+    assert {"rms_normalization": 5, "skip_rms_normalization": 4}.items() <= stats["matched"].items()
     ops = Counter(n.op_type for n in model.graph.node)  # the skip form is split again for the CPU
-    assert (ops["Attention"], ops["Softmax"]) == (2, 0)
+    attention = ops["Attention"] + ops["MultiHeadAttention"] + ops["GroupQueryAttention"]
+    assert (attention, ops["Softmax"]) == (2, 0)
     assert (ops["SkipSimplifiedLayerNormalization"], ops["SimplifiedLayerNormalization"]) == (0, 5)
     for left in (False, True):  # each row after the first padded at the end, then at the start
         feeds = _padded_feeds(onnx.load(src, load_external_data=False), 4, 12, 99, seed=4)

@@ -187,6 +187,7 @@ def test_graph_pass_alone(bert: onnx.ModelProto, name: str) -> None:
 # --- presets ------------------------------------------------------------------------------------
 
 
+@pytest.mark.optimum
 @pytest.mark.sanity
 def test_quantize_presets_match_optimums_auto_quantization_config() -> None:
     from onnxruntime.quantization import QuantType
@@ -214,6 +215,7 @@ def test_quantize_presets_match_optimums_auto_quantization_config() -> None:
         QuantizeConfig.preset("arm64", colour="red")
 
 
+@pytest.mark.optimum
 @pytest.mark.sanity
 def test_optimization_levels_match_optimums_auto_optimization_config() -> None:
     from optimum.onnxruntime import AutoOptimizationConfig

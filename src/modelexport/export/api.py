@@ -7,6 +7,7 @@ node ``metadata_props``, so the topology equals the baseline by construction (an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ from .config import ExportConfig
 from .context import EXPORT_LOG, ExportContext, StageLog
 from .destination import PACKAGE_FILES_KEY, plan_replacement, remove_stale
 from .device import check_device, place_inputs, place_model
-from .experts import EXPERT_ROUTE, expert_blocks
+from .experts import EXPERT_ROUTE, eager_experts, expert_blocks
 from .free_axes import capture_graph
 from .generation import (
     CacheInputs,
@@ -288,9 +289,9 @@ def export(
     if is_seq2seq_task(cfg):
         check_seq2seq_config(cfg)
     replaced = plan_replacement(output_dir, cfg.overwrite)
-    with atomic_dir(output_dir) as staging:
+    with atomic_dir(output_dir) as staging, contextlib.ExitStack() as scope:
         stages = StageLog(on_stage=on_stage, logger=EXPORT_LOG)
-        loaded, tokenizer, graphs = _prepare(model, cfg, stages)
+        loaded, tokenizer, graphs = _prepare(model, cfg, stages, scope)
         results = []
         for file, inputs in graphs:
             log_ = stages if len(graphs) == 1 else StageLog(on_stage=on_stage, logger=EXPORT_LOG)
@@ -339,12 +340,14 @@ def _export_graph(ctx: ExportContext, output_dir: Path, file: str) -> ExportResu
 
 
 def _prepare(
-    model: Any, cfg: ExportConfig, stages: StageLog
+    model: Any, cfg: ExportConfig, stages: StageLog, scope: contextlib.ExitStack
 ) -> tuple[LoadedModel, Any, list[tuple[str, ExampleInputs]]]:
-    """The loaded model, its tokenizer and the graphs to write: (file name, example inputs) each."""
+    """The loaded model, its tokenizer and the graphs to write: (file name, example inputs) each; ``scope``
+    holds the model's export-time settings (restored when the export ends)."""
     with stages.stage("load", f"{cfg.dtype} on {cfg.device}") as st:
         loaded = load_model(model, cfg.library)
         place_model(loaded.module, cfg)
+        scope.enter_context(eager_experts(loaded.module))
         st["detail"] = f"{type(loaded.module).__name__}, {cfg.dtype} on {cfg.device}"
     with stages.stage("inputs") as st:
         tokenizer = _load_tokenizer(loaded) if cfg.text is not None or loaded.model_dir else None

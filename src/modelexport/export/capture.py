@@ -192,16 +192,22 @@ def _cpu_time_limit(seconds: float | None) -> Iterator[None]:
         yield
         return
 
+    armed = [True]
+
     def expire(signum: int, frame: Any) -> None:
-        raise _OutOfTime
+        if armed[0]:  # a signal still pending when the block ended is ignored
+            raise _OutOfTime
 
     previous = signal.signal(signal.SIGVTALRM, expire)
     signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
-        signal.signal(signal.SIGVTALRM, previous)
+        try:
+            armed[0] = False
+        finally:  # restored even when the timer fires on the way out (else the next limit is never set)
+            signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+            signal.signal(signal.SIGVTALRM, previous)
 
 
 def _axis_names(model: Any, inputs: ExampleInputs) -> dict[str, str]:

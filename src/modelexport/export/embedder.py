@@ -47,8 +47,11 @@ def _mean_sqrt_len(tokens: Any, mask: Any) -> Any:
 
 
 def _weighted_mean(tokens: Any, mask: Any) -> Any:
+    """Weights 1, 2, ... from the first real token, as sentence-transformers 6 counts them (5.x counted from
+    position 0 of a left-padded row in its padded path, but from the first token in its packed path)."""
     positions = torch.arange(1, tokens.shape[1] + 1, device=tokens.device, dtype=tokens.dtype)
-    weighted = mask * positions.view(1, -1, 1)
+    first = mask[..., 0].to(torch.int32).argmax(dim=1)  # left padding before the first real token
+    weighted = mask * (positions.view(1, -1, 1) - first.view(-1, 1, 1).to(tokens.dtype))
     return (tokens * weighted).sum(dim=1) / torch.clamp(weighted.sum(dim=1), min=1e-9)
 
 

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._transformers import CACHE_PARAMETERS, cache_parameter, output_cache
 from ..errors import ConfigError, ExportError
 from ..metadata.schema import KEY_GENERATION
 from ..metadata.store import update_metadata
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 WITH_PAST_SUFFIX = "-with-past"
 GENERATION_CONFIG_FILE = "generation_config.json"
+#: The graph's name for the past (Optimum's); forward() takes it as ``cache_parameter()`` says.
 CACHE_ARG = "past_key_values"
 #: Example cached step: batch, new tokens, past tokens (all > 1 so no axis is specialised).
 BATCH, NEW, PAST = 2, 3, 5
@@ -158,6 +160,7 @@ class CacheInputs(ExampleInputs):
 
     layers: int = 0
     cache_layout: dict[str, Any] = field(default_factory=dict)
+    cache_arg: str = CACHE_ARG  # forward()'s own name for the cache (``cache`` on transformers 5)
 
     @property
     def past_names(self) -> list[str]:
@@ -172,15 +175,15 @@ class CacheInputs(ExampleInputs):
         for name in self.names:  # the specs' order: graph inputs follow the order forward() gets them in
             if name not in past_names:
                 kwargs[name] = self.tensors[name]
-            elif CACHE_ARG not in kwargs:
-                kwargs[CACHE_ARG] = _unflatten(past, self.layers) if past else DynamicCache()
+            elif self.cache_arg not in kwargs:
+                kwargs[self.cache_arg] = _unflatten(past, self.layers) if past else DynamicCache()
         kwargs["use_cache"] = True
         return kwargs
 
     def dynamo_shapes(self) -> dict[str, Any]:
         shapes = super().dynamo_shapes()
         past = [shapes[n] for n in self.past_names]
-        return {k: past if k == CACHE_ARG else shapes.get(k) for k in self.forward_kwargs()}
+        return {k: past if k == self.cache_arg else shapes.get(k) for k in self.forward_kwargs()}
 
     def generation_record(self) -> dict[str, Any]:
         """What the runtime needs to drive the graph without model code (embedded in the metadata)."""
@@ -197,7 +200,7 @@ def _prefill(module: Any, ids: Any) -> Any:
 
     with torch.no_grad():
         out = module(input_ids=ids, use_cache=True)
-    cache = getattr(out, "past_key_values", None)
+    cache = output_cache(out)
     layers = getattr(cache, "layers", None)
     if not layers or any(getattr(layer, "keys", None) is None for layer in layers):
         raise ExportError(
@@ -237,9 +240,11 @@ def build_with_past_inputs(module: Any, cfg: ExportConfig) -> CacheInputs:
 
     check_with_past_config(cfg)
     params = [p.name for p in forward_parameters(module)]
-    if CACHE_ARG not in params or "input_ids" not in params:
+    cache_arg = cache_parameter(params)
+    if cache_arg is None or "input_ids" not in params:
         raise ConfigError(
-            f"{type(module).__name__}.forward() takes no input_ids/{CACHE_ARG}; cannot export {cfg.task}"
+            f"{type(module).__name__}.forward() takes no input_ids and no key/value cache"
+            f" ({' or '.join(CACHE_PARAMETERS)}); cannot export {cfg.task}"
         )
     if is_encoder_decoder(module):
         raise ConfigError(
@@ -261,10 +266,12 @@ def build_with_past_inputs(module: Any, cfg: ExportConfig) -> CacheInputs:
     past_names = _cache_names(layers, "past_key_values")
     tensors.update({n: t.detach().clone() for n, t in zip(past_names, flat, strict=True)})
     specs = _specs(tensors, past_names, vocab)
-    order = [n for p in params for n in (past_names if p == CACHE_ARG else [p]) if n in tensors]
+    order = [n for p in params for n in (past_names if p == cache_arg else [p]) if n in tensors]
     specs.sort(key=lambda s: order.index(s.name))  # graph inputs follow the flattened forward() arguments
     outputs = ("logits", *_cache_names(layers, "present"))
-    return CacheInputs(tuple(specs), tensors, outputs, layers=layers, cache_layout=cache_layout(cache))
+    return CacheInputs(
+        tuple(specs), tensors, outputs, layers=layers, cache_layout=cache_layout(cache), cache_arg=cache_arg
+    )
 
 
 def _specs(tensors: dict[str, Any], past_names: list[str], vocab: int) -> list[InputSpec]:

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._transformers import cache_parameter, output_cache
 from ..errors import ConfigError, ExportError
 from ..metadata.tasks import normalize_task
 from .config import ExportConfig, InputSpec
@@ -91,7 +92,7 @@ def _encoder_step(call: StepFn, module: Any, **inputs: Any) -> Any:
 
 
 def _decoder_outputs(out: Any, with_past: bool) -> tuple[Any, ...]:
-    cache = out.past_key_values
+    cache = output_cache(out)
     if with_past:  # the cross-attention cache is an input and stays as it is
         own = cache.self_attention_cache.layers
         return (out.logits, *(t for layer in own for t in (layer.keys, layer.values)))
@@ -105,10 +106,11 @@ def _decoder_call(
     encoder_attention_mask: Any = None,
     past_key_values: Any = None,
 ) -> Any:
+    cache_arg = cache_parameter(inspect.signature(call).parameters) or CACHE_ARG
     kwargs: dict[str, Any] = {
         "decoder_input_ids": input_ids,
         "encoder_outputs": (encoder_hidden_states,),
-        "past_key_values": past_key_values,
+        cache_arg: past_key_values,
         "use_cache": True,
         "return_dict": True,
     }
@@ -224,7 +226,7 @@ def _first_step_run(module: Any, ids: Any, hidden: Any, mask: Any) -> Any:
 
     with torch.no_grad():
         out = _decoder_call(module.forward, ids, hidden, mask)
-    cache = out.past_key_values
+    cache = output_cache(out)
     if not hasattr(cache, "self_attention_cache") or not cache.self_attention_cache.layers:
         raise ExportError(
             f"{type(module).__name__} returned no encoder-decoder cache ({type(cache).__name__})",

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .._transformers import image_processor_class
 from .._version import __version__
 from ..errors import MetadataError, TaskDetectionError
 from . import schema as S
@@ -76,15 +77,14 @@ def processor_section(cfg: dict[str, Any], kind: str) -> dict[str, Any]:
 def _hf_class(cfg: dict[str, Any], kind: str, model_type: str | None) -> tuple[type, dict[str, Any]]:
     """The slow transformers class for ``cfg`` as the Auto classes pick it: its type key, else the model type."""
     from transformers.models.auto import feature_extraction_auto as fe
-    from transformers.models.auto import image_processing_auto as ip
 
     if kind == "image_processor":
         name = cfg.get("image_processor_type") or str(cfg.get("feature_extractor_type") or "").replace(
             "FeatureExtractor", "ImageProcessor"
         )
-        if not name and model_type in ip.IMAGE_PROCESSOR_MAPPING_NAMES:
-            name = ip.IMAGE_PROCESSOR_MAPPING_NAMES[model_type][0] or ""
-        lookup = ip.get_image_processor_class_from_name
+        if not name and (by_type := image_processor_class(None, model_type)) is not None:
+            name = by_type.__name__
+        lookup: Callable[[str], type | None] = image_processor_class
     else:
         name = cfg.get("feature_extractor_type") or fe.FEATURE_EXTRACTOR_MAPPING_NAMES.get(
             model_type or "", ""
@@ -94,7 +94,7 @@ def _hf_class(cfg: dict[str, Any], kind: str, model_type: str | None) -> tuple[t
     if not name:
         name, make_defaults = _FALLBACK_CLASS[kind]
         defaults = make_defaults(cfg)
-    cls = lookup(str(name).removesuffix("Fast"))  # slow (PIL/numpy) classes: no torchvision
+    cls = lookup(str(name).removesuffix("Fast"))  # PIL/numpy classes: no torchvision
     if cls is None:
         raise MetadataError(
             f"transformers has no {kind} class {name!r}",

@@ -39,6 +39,7 @@ from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY
 from ..runtime.session import create_session
 from .mask_index import use_mask_index
 from .masked_attention import fuse_masked_attention
+from .rotary_freqs import normalize_rotary_freqs
 
 if TYPE_CHECKING:
     import onnx
@@ -127,6 +128,7 @@ def _all_fusions(model: Any) -> dict[str, int]:
     (:mod:`.masked_attention`: onnxscript matches none there, and its GroupQueryAttention drops the mask)."""
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
+    normalize_rotary_freqs(model)  # transformers 5's rotary angles, in the form the cos/sin rule matches
     counts = optimize_for_ort(model)[1]
     return {**counts, **fuse_masked_attention(model)}
 

@@ -115,7 +115,7 @@ class TokenClassificationPipeline(ONNXPipeline):
 
     STRATEGIES = ("none", "simple")
 
-    def _tokens(self, enc: Any, probs: np.ndarray, i: int) -> list[dict[str, Any]]:
+    def _tokens(self, enc: Any, probs: np.ndarray, i: int, text: str) -> list[dict[str, Any]]:
         tokenizer, entities = self.processor.tokenizer, []
         for j, token_id in enumerate(enc["input_ids"][i]):
             if enc["special_tokens_mask"][i][j] or not enc["attention_mask"][i][j]:
@@ -123,6 +123,8 @@ class TokenClassificationPipeline(ONNXPipeline):
             best = int(probs[i, j].argmax())
             start, end = (int(v) for v in enc["offset_mapping"][i][j])
             word = tokenizer.convert_ids_to_tokens(int(token_id))
+            if int(token_id) == tokenizer.unk_token_id:  # as transformers: the text it stands for
+                word = text[start:end]
             entities.append(
                 {
                     "entity": self.label(best),
@@ -171,7 +173,7 @@ class TokenClassificationPipeline(ONNXPipeline):
         probs = softmax(self.forward(self.processor.feeds(enc))[self.output_names[0]].astype(np.float32))
         results = []
         for i in range(len(texts)):
-            tokens = self._tokens(enc, probs, i)
+            tokens = self._tokens(enc, probs, i, texts[i])
             found = self._simple(tokens) if strategy == "simple" else tokens
             results.append([e for e in found if e.get("entity", e.get("entity_group")) not in ignore_labels])
         return results

@@ -168,9 +168,12 @@ class FastImageProcessor:
         covered = (
             set(kwargs) <= _CALL_KEYS and kwargs.get("input_data_format", "channels_last") == "channels_last"
         )
+        last = kwargs.pop("data_format", "channels_first") == "channels_last"
         if covered and all(isinstance(a, np.ndarray) and a.dtype == np.uint8 and a.ndim == 3 for a in images):
             done = [self._one(a) for a in images]
             if all(d is not None for d in done):
-                first = kwargs.get("data_format", "channels_first") == "channels_first"
-                return {"pixel_values": [d.transpose(2, 0, 1) if first else d for d in done]}
-        return self.slow(images=images, **kwargs)
+                return {"pixel_values": [d if last else d.transpose(2, 0, 1) for d in done]}
+        out = dict(self.slow(images=images, **kwargs))  # channels first (transformers 5 has no data_format)
+        if last:
+            out["pixel_values"] = [np.moveaxis(np.asarray(a), 0, -1) for a in out["pixel_values"]]
+        return out

@@ -132,13 +132,13 @@ class ONNXImageProcessor(BaseONNXProcessor):
         self.processor = self._fit(processor)
 
     def _run(self, proc: Any, arrays: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
-        out = proc(
-            images=arrays,
-            return_tensors=None,
-            input_data_format="channels_last",
-            data_format="channels_last" if self.channels_last else "channels_first",
-        )
-        return {k: [np.asarray(a) for a in v] for k, v in out.items()}
+        """``proc`` on HWC arrays; pixel values channels first, as every transformers version writes them
+        (5.x dropped ``data_format``), turned channels last here for a channels-last graph."""
+        out = proc(images=arrays, return_tensors=None, input_data_format="channels_last")
+        done = {k: [np.asarray(a) for a in v] for k, v in out.items()}
+        if self.channels_last:
+            done["pixel_values"] = [np.moveaxis(a, 0, -1) for a in done["pixel_values"]]
+        return done
 
     def _hw(self, pixels: np.ndarray) -> tuple[int, int]:
         return pixels.shape[:2] if self.channels_last else pixels.shape[1:3]

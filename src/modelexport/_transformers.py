@@ -1,0 +1,81 @@
+"""What differs between the transformers releases we support (4.57 to 5.x), in one place.
+
+Every other module asks here instead of testing a version number, so supporting the next release is a
+change to this file. Nothing here imports transformers at module level (``import modelexport`` stays
+light); the version is read from the installed distribution's metadata.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from importlib import metadata
+from typing import Any
+
+__all__ = [
+    "CACHE_PARAMETERS",
+    "cache_parameter",
+    "output_cache",
+    "transformers_version",
+    "major_version",
+    "processor_type_name",
+    "image_processor_class",
+]
+
+#: forward()'s key/value-cache parameter, newest name first: transformers 5.2x renamed ``past_key_values``
+#: to ``cache`` (the old keyword is still taken, with a warning, until 5.40) and the outputs' field with it.
+CACHE_PARAMETERS = ("cache", "past_key_values")
+
+
+def cache_parameter(parameters: Iterable[str]) -> str | None:
+    """The name under which a ``forward`` with these parameter names takes its cache (None: no cache)."""
+    names = set(parameters)
+    return next((p for p in CACHE_PARAMETERS if p in names), None)
+
+
+def output_cache(output: Any) -> Any:
+    """The cache a model output carries (``output.cache`` on transformers 5, ``past_key_values`` on 4)."""
+    for name in CACHE_PARAMETERS:
+        value = output.get(name) if hasattr(output, "get") else getattr(output, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+@functools.cache
+def transformers_version() -> str:
+    """The installed transformers' version ("" when it is not installed)."""
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def major_version(version: str) -> int | None:
+    """4 for "4.57.6", None for "" or a string that does not start with a number."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def processor_type_name(name: str) -> str:
+    """A processor class's config name: transformers 5 without torchvision gives ``ViTImageProcessorPil``
+    (the PIL backend) where 4.x gave ``ViTImageProcessor``; both write ``ViTImageProcessor`` in the config."""
+    return name.removesuffix("Pil")
+
+
+def image_processor_class(name: str | None, model_type: str | None = None) -> type | None:
+    """transformers' PIL/numpy image processor class for a config's ``image_processor_type`` (else the
+    model type's): transformers 5's ``*Pil`` backend (the one it uses without torchvision, whose output our
+    numpy path equals), transformers 4's slow class. Never the torchvision backend, so pre-processing does
+    not depend on whether torchvision is installed. None when transformers has no such class."""
+    from transformers.models.auto import image_processing_auto as ip
+
+    if not name and model_type:
+        entry = ip.IMAGE_PROCESSOR_MAPPING_NAMES.get(model_type)
+        name = entry.get("pil") if isinstance(entry, dict) else (entry[0] if entry else None)
+    if not name:
+        return None
+    base = processor_type_name(str(name).removesuffix("Fast"))
+    return ip.get_image_processor_class_from_name(f"{base}Pil") or ip.get_image_processor_class_from_name(
+        base
+    )
