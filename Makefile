@@ -1,18 +1,26 @@
 # make demo / make test create .venv when missing, install, then run.
+# .venv is today's stack: the newest transformers 5.x, huggingface-hub, tokenizers and sentence-transformers
+# (eager upgrades), torch from constraints.txt. .venv-compat (make test-compat) is transformers 4.57 with
+# optimum-onnx, which cannot install beside transformers 5.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+COMPAT := .venv-compat
+COMPAT_BIN := $(COMPAT)/bin
+COMPAT_STAMP := $(COMPAT)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow test-all lint bench bench-all clean
+.PHONY: venv venv-compat demo test test-compat test-slow test-all lint bench bench-all clean
 
 venv: $(STAMP)
+
+venv-compat: $(COMPAT_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[all]'
+	$(BIN)/python -m pip install -q --upgrade --upgrade-strategy eager -c constraints.txt -e '.[all]'
 	# torchvision has no build for this CPU torch; something may pull it in and it breaks transformers' imports.
 	-$(BIN)/python -m pip uninstall -q -y torchvision
 	# The report's browser tests need Chromium (Debian's package; root on a fresh CI machine). Without it they skip.
@@ -20,20 +28,35 @@ $(STAMP): pyproject.toml constraints.txt
 		|| echo "Chromium could not be installed: the report's browser tests will be skipped"
 	touch $(STAMP)
 
+$(COMPAT_STAMP): pyproject.toml constraints.txt constraints-compat.txt
+	test -x $(COMPAT_BIN)/python || $(PYTHON) -m venv $(COMPAT)
+	$(COMPAT_BIN)/python -m pip install -q --upgrade pip
+	$(COMPAT_BIN)/python -m pip install -q -c constraints-compat.txt -e '.[train,sentence,optimum,optimize,dev]'
+	-$(COMPAT_BIN)/python -m pip uninstall -q -y torchvision
+	touch $(COMPAT_STAMP)
+
 demo: venv
 	$(BIN)/modelexport pipeline
 
 # The default run (not slow) stays under 10 minutes on 2 cores; --durations keeps its slowest tests in view.
 # Serial on purpose: with xdist (PYTEST_ARGS='-n 2', supported) each worker rebuilds the session fixtures
 # (MiniLM export, trained digits CNN), which cost more CPU than the split saves on a busy 2-core machine.
+# Tests marked `optimum` need optimum-onnx (transformers 4.57): make test-compat runs them.
 test: venv
-	$(BIN)/python -m pytest --durations=15 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=15 -m 'not slow and not optimum' $(PYTEST_ARGS)
+
+# Under transformers 4.57 + optimum-onnx: every test that involves Optimum (slow ones included), the main
+# flows' smoke set (`compat`), and packages exported under one major version run under the other
+# (MODELEXPORT_OTHER_PYTHON: the main environment's interpreter). Under 5 minutes on 2 cores.
+test-compat: venv venv-compat
+	MODELEXPORT_OTHER_PYTHON=$(abspath $(BIN)/python) $(COMPAT_BIN)/python -m pytest --durations=10 \
+		-m 'optimum or compat' $(PYTEST_ARGS)
 
 test-slow: venv
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m 'slow and not optimum' $(PYTEST_ARGS)
 
 test-all: venv
-	$(BIN)/python -m pytest -m '' $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m 'not optimum' $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks
@@ -51,4 +74,4 @@ bench-all: venv
 	$(BIN)/python benchmarks/test_time.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) $(COMPAT) build dist *.egg-info .pytest_cache

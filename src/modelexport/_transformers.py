@@ -7,8 +7,9 @@ light); the version is read from the installed distribution's metadata.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from importlib import metadata
 from typing import Any
 
@@ -18,8 +19,11 @@ __all__ = [
     "output_cache",
     "transformers_version",
     "major_version",
+    "STACK",
+    "stack_versions",
     "processor_type_name",
     "image_processor_class",
+    "quiet_loading",
 ]
 
 #: forward()'s key/value-cache parameter, newest name first: transformers 5.2x renamed ``past_key_values``
@@ -40,6 +44,22 @@ def output_cache(output: Any) -> Any:
         if value is not None:
             return value
     return None
+
+
+#: The distributions whose versions an export records (those installed): the library whose classes a package
+#: may still need at run time, and what built the graph.
+STACK = ("transformers", "tokenizers", "huggingface-hub", "sentence-transformers", "torch")
+
+
+def stack_versions() -> dict[str, str]:
+    """Installed versions of :data:`STACK` (a distribution that is not installed is left out)."""
+    found: dict[str, str] = {}
+    for name in STACK:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 @functools.cache
@@ -79,3 +99,18 @@ def image_processor_class(name: str | None, model_type: str | None = None) -> ty
     return ip.get_image_processor_class_from_name(f"{base}Pil") or ip.get_image_processor_class_from_name(
         base
     )
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """No progress bars from transformers while the block loads a model (5.x draws "Loading weights" on every
+    ``from_pretrained``; our commands report their own progress); the user's setting comes back after."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()

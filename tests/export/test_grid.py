@@ -100,6 +100,7 @@ def test_lstm_dynamo_in_a_fresh_process(tmp_path: Any) -> None:
     assert any(n.op_type == "LSTM" for n in model.graph.node)
 
 
+@pytest.mark.compat
 @pytest.mark.must
 @pytest.mark.integration
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])

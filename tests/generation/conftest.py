@@ -83,8 +83,9 @@ def llama_with_past(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 
 def save_t5(tokenizer_dir: Path, folder: Path) -> Path:
     """A seeded tiny T5 (2 + 2 layers) with the MiniLM tokenizer: decoding starts at [PAD], ends at [SEP];
-    weights drawn 3x wider than T5's default (``initializer_factor``) so that greedy and beam tokens vary
-    from step to step under transformers 4 and 5 (their initialisations differ; 1.0 repeats one token)."""
+    weights drawn 2x wider than T5's default (``initializer_factor``) and seed 7, so that greedy and beam
+    tokens vary from step to step under transformers 4 and 5 (their initialisations differ; at 1.0 every seed
+    repeats one or two tokens), with logits small enough for -O2 to stay within the 1e-4 parity check."""
     import torch
     import transformers
 
@@ -100,9 +101,9 @@ def save_t5(tokenizer_dir: Path, folder: Path) -> Path:
         decoder_start_token_id=tok.pad_token_id,
         pad_token_id=tok.pad_token_id,
         eos_token_id=tok.sep_token_id,
-        initializer_factor=3.0,
+        initializer_factor=2.0,
     )
-    torch.manual_seed(0)
+    torch.manual_seed(7)
     transformers.T5ForConditionalGeneration(config).eval().save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder

@@ -41,6 +41,7 @@ def test_prompts_are_left_padded(gen: Any) -> None:
     assert mask[0, 0] == 0 and mask[0, -1] == 1 and mask[1].all()
 
 
+@pytest.mark.compat
 @pytest.mark.must
 @pytest.mark.parametrize(
     "options",

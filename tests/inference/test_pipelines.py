@@ -266,6 +266,7 @@ def test_embedded_test_time_policy_is_applied(cnn_export: Any, tmp_path: Path) -
     assert plain != got  # the flip view changes the scores
 
 
+@pytest.mark.compat
 @pytest.mark.smoke
 def test_infer_cli_text_image_audio(
     task_export: Any, cnn_export: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]

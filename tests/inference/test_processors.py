@@ -320,3 +320,30 @@ def test_plain_torch_export_writes_a_transformers_image_processor_config(cnn_exp
     ours = ONNXAutoProcessor.from_model(folder)(images=images)
     assert ours["x"].shape == ref.shape == (len(ODD_SIZES), 1, 8, 8)
     assert np.abs(ours["x"] - ref).max() <= 1e-5
+
+
+@pytest.mark.must
+@pytest.mark.compat
+def test_transformers_classes_on_a_package_of_the_other_major_version_warn(
+    task_export: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Our own tokenizer and image paths behave the same under transformers 4 and 5: no warning. Where
+    transformers' own class pre-processes (here a folder without tokenizer.json) and the package says it
+    was exported under the other major version, a warning names the class and both versions."""
+    import shutil
+
+    from modelexport._transformers import major_version, transformers_version
+    from modelexport.inference.processors.auto import warn_on_version_drift
+
+    installed = transformers_version()
+    other = "4.57.6" if major_version(installed) == 5 else "5.24.0"
+    fast = ONNXAutoProcessor.from_model(task_export("seq_cls").output_dir)
+    assert fast.transformers_classes == [] and warn_on_version_drift(fast, {"transformers": other}) is None
+    folder = Path(shutil.copytree(task_export("seq_cls").output_dir, tmp_path / "pkg"))
+    (folder / "tokenizer.json").unlink()  # transformers' own tokenizer class from vocab.txt
+    slow = ONNXAutoProcessor.from_model(folder)
+    assert slow.transformers_classes and warn_on_version_drift(slow, {"transformers": installed}) is None
+    with caplog.at_level("WARNING", logger="modelexport.inference.processors.auto"):
+        message = warn_on_version_drift(slow, {"transformers": other})
+    assert message and other in message and installed in message and slow.transformers_classes[0] in message
+    assert message in caplog.text

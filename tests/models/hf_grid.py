@@ -117,6 +117,35 @@ GRID: dict[str, tuple[str, str, dict[str, Any]]] = {
         dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8),
     ),
     "mobilenet_v2": ("mobilenet_v2", "AutoModel", dict(image_size=32, depth_multiplier=0.25)),
+    # per-stage sizes (lists in the config: heads and widths per stage)
+    "segformer": (
+        "segformer",
+        "AutoModel",
+        dict(
+            image_size=32,
+            num_encoder_blocks=2,
+            depths=[1, 1],
+            sr_ratios=[2, 1],
+            hidden_sizes=[8, 16],
+            num_attention_heads=[1, 2],
+            patch_sizes=[7, 3],
+            strides=[4, 2],
+            mlp_ratios=[2, 2],
+            decoder_hidden_size=16,
+        ),
+    ),
+    "levit": (
+        "levit",
+        "AutoModel",
+        dict(
+            image_size=32,
+            hidden_sizes=[16, 32, 48],
+            num_attention_heads=[1, 2, 3],
+            depths=[1, 1, 1],
+            key_dim=[8, 8, 8],
+            down_ops=[["Subsample", 8, 1, 4, 2, 2], ["Subsample", 8, 2, 4, 2, 2]],
+        ),
+    ),
     # audio
     "wav2vec2": ("wav2vec2", "AutoModel", dict(_WAV, do_stable_layer_norm=True)),
     "hubert": ("hubert", "AutoModel", _WAV),

@@ -10,6 +10,7 @@ import pytest
 from modelexport.cli.app import main
 
 
+@pytest.mark.compat
 @pytest.mark.smoke
 def test_quantize_cli_prints_summary_with_eval_and_error_report(
     tiny_bert_onnx: Path, bert_npz: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

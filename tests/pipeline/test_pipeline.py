@@ -56,6 +56,7 @@ def test_report_has_exactly_the_issue_keys(run: Any) -> None:
     assert saved == json.loads(json.dumps(report, default=str))
 
 
+@pytest.mark.compat
 @pytest.mark.smoke
 def test_report_values_are_measured(run: Any) -> None:
     r = run.report

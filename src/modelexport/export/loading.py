@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._transformers import quiet_loading
 from ..errors import InvalidModelError, ModelLoadError, ModelNotFoundError
 from .sentence import SentenceFolder, read_sentence_folder
 
@@ -166,7 +167,8 @@ def _load_hf(name_or_path: str, local: bool) -> LoadedModel:
         raise ModelLoadError(f"cannot read the config of {name_or_path}: {exc}") from exc
     cls = _hf_model_class(config)
     try:
-        module = cls.from_pretrained(name_or_path, config=config, **kwargs)
+        with quiet_loading():
+            module = cls.from_pretrained(name_or_path, config=config, **kwargs)
     except Exception as exc:
         raise ModelLoadError(
             f"loading {name_or_path} with {cls.__name__} failed: {type(exc).__name__}: {exc}"

@@ -87,7 +87,9 @@ def _check_ort_model(report: OptimumCompatibility) -> None:
         import optimum.onnxruntime as ort_optimum
     except ImportError as exc:
         report.fail(
-            "ort_model_loads", f"optimum-onnx is not installed ({exc}); pip install modelexport[optimum]"
+            "ort_model_loads",
+            f"optimum-onnx is not installed ({exc}); it needs transformers 4.57: in an environment with"
+            " transformers<4.58, pip install 'modelexport[optimum]' (make test-compat builds one)",
         )
         return
     cls = getattr(ort_optimum, str(report.ort_model_class), None)

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .._transformers import image_processor_class
+from .._transformers import image_processor_class, stack_versions
 from .._version import __version__
 from ..errors import MetadataError, TaskDetectionError
 from . import schema as S
@@ -236,6 +236,7 @@ def build_metadata(ctx: Any) -> dict[str, Any]:
         S.KEY_VERSION: S.METADATA_VERSION,
         S.KEY_TIMESTAMP: datetime.now(timezone.utc).isoformat(timespec="seconds"),
         S.KEY_EXPORTER_VERSION: __version__,
+        S.KEY_LIBRARIES: stack_versions(),
         S.KEY_EXPORT_CONFIG: {
             "opset": settings.get("opset"),
             "exporter": ctx.config.exporter,

@@ -19,6 +19,7 @@ __all__ = [
     "processor_config",
     "tensor_specs",
     "short_text",
+    "versions",
     "json_object",
     "MAX_LABELS",
     "MAX_SIDE",
@@ -28,6 +29,8 @@ __all__ = [
 MAX_LABELS = 10_000_000
 #: Largest image side (pixels) a processor config may ask for.
 MAX_SIDE = 1 << 16
+#: Most stages a per-stage size list may have (vision backbones have 3-5).
+MAX_STAGES = 64
 #: PIL resampling filters: NEAREST 0, LANCZOS 1, BILINEAR 2, BICUBIC 3, BOX 4, HAMMING 5.
 _RESAMPLE = range(6)
 _MAX_DIM = 1 << 62
@@ -71,7 +74,8 @@ def _labels(config: dict[str, Any], where: str) -> None:
             _int_in(index, 0, MAX_LABELS, f"{where}.label2id[{name!r}]")
 
 
-#: Model-config sizes the pipelines read: absent or null, else a positive integer.
+#: Model-config sizes the pipelines read: absent or null, else a positive integer, or one per stage (a list:
+#: SegFormer's and LeViT's heads and widths, legal transformers configs).
 _MODEL_SIZES = (
     "num_labels",
     "num_channels",
@@ -88,8 +92,12 @@ def model_config(value: Any, where: str) -> None:
     config = json_object(value, where)
     _labels(config, where)
     for name in _MODEL_SIZES:
-        if config.get(name) is not None:
-            _int_in(config[name], 0, 1 << 31, f"{where}.{name}")
+        value = config.get(name)
+        if isinstance(value, list) and 1 <= len(value) <= MAX_STAGES:
+            for k, stage in enumerate(value):
+                _int_in(stage, 0, 1 << 31, f"{where}.{name}[{k}]")
+        elif value is not None:
+            _int_in(value, 0, 1 << 31, f"{where}.{name}")
 
 
 def _side_or_sides(value: Any, where: str) -> None:
@@ -148,6 +156,13 @@ def tensor_specs(value: Any, where: str) -> None:
 def short_text(value: Any, where: str) -> None:
     if not isinstance(value, str) or len(value) > 1000:
         raise _Bad(f"{where} must be a short string, got {type(value).__name__}")
+
+
+def versions(value: Any, where: str) -> None:
+    """Library name -> version string, both short text."""
+    for name, version in json_object(value, where).items():
+        if not isinstance(version, str) or not 0 < len(version) <= 64 or len(name) > 64:
+            raise _Bad(f"{where} must map library names to version strings, got {name!r}: {version!r}")
 
 
 def check_values(values: dict[str, Any], checks: dict[str, Callable[[Any, str], None]]) -> None:

@@ -29,6 +29,7 @@ __all__ = [
     "KEY_TASK",
     "KEY_TIMESTAMP",
     "KEY_EXPORTER_VERSION",
+    "KEY_LIBRARIES",
     "KEY_EXPORT_CONFIG",
     "KEY_INPUTS",
     "KEY_OUTPUTS",
@@ -57,6 +58,8 @@ KEY_PROCESSOR_CONFIG = "hf_processor_config"
 KEY_TASK = "hf_pipeline_task"
 KEY_TIMESTAMP = "hf_export_timestamp"
 KEY_EXPORTER_VERSION = "modelexport.version"
+#: Versions of the libraries the export ran with (transformers, tokenizers, torch, ...).
+KEY_LIBRARIES = "modelexport.libraries"
 KEY_EXPORT_CONFIG = "modelexport.export_config"
 KEY_INPUTS = "modelexport.inputs"
 KEY_OUTPUTS = "modelexport.outputs"
@@ -82,6 +85,7 @@ VALUE_CHECKS: dict[str, Callable[[Any, str], None]] = {
     KEY_QUANTIZATION: fields.json_object,
     KEY_EXPORT_CONFIG: fields.json_object,
     KEY_EMBEDDING: fields.json_object,
+    KEY_LIBRARIES: fields.versions,
 }
 
 

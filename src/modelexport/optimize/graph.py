@@ -77,11 +77,12 @@ def _hf_config(model: Any) -> dict[str, Any]:
 
 
 def hf_dims(model: Any) -> tuple[int, int]:
-    """(num_heads, hidden_size) from the Hugging Face config embedded in the metadata; (0, 0) when absent."""
+    """(num_heads, hidden_size) from the Hugging Face config embedded in the metadata; 0 for a size that is
+    absent or given per stage (a list: ORT's optimizer then reads it off the graph)."""
     config = _hf_config(model)
     heads = config.get("num_attention_heads") or config.get("n_head") or 0
     hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model") or 0
-    return int(heads), int(hidden)
+    return tuple(v if isinstance(v, int) and not isinstance(v, bool) else 0 for v in (heads, hidden))
 
 
 def fusion_model_types(model: Any, requested: str | None) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._transformers import quiet_loading
 from ..data import Dataset
 from ..errors import ConfigError, ModelNotFoundError, TrainingError
 from ..export.config import InputSpec
@@ -161,15 +162,16 @@ class TextClassifier(Network):
         local = Path(base_model).is_dir()
         kwargs: dict[str, Any] = {"local_files_only": True} if local else {}
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(base_model, **kwargs)
-            self.module = AutoModelForSequenceClassification.from_pretrained(
-                base_model,
-                num_labels=len(id2label),
-                id2label=dict(id2label),
-                label2id={v: k for k, v in id2label.items()},
-                ignore_mismatched_sizes=True,
-                **kwargs,
-            )
+            with quiet_loading():
+                self.tokenizer = AutoTokenizer.from_pretrained(base_model, **kwargs)
+                self.module = AutoModelForSequenceClassification.from_pretrained(
+                    base_model,
+                    num_labels=len(id2label),
+                    id2label=dict(id2label),
+                    label2id={v: k for k, v in id2label.items()},
+                    ignore_mismatched_sizes=True,
+                    **kwargs,
+                )
         except OSError as exc:
             raise ModelNotFoundError(
                 f"cannot load base model {base_model!r}: {str(exc).splitlines()[0]}",

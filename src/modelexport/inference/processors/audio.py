@@ -81,6 +81,10 @@ class ONNXFeatureExtractor(BaseONNXProcessor):
         self.spectrogram = len(main.shape) == 3
         self.fixed_length = main.dim(-1)
 
+    @property
+    def transformers_classes(self) -> list[str]:
+        return [type(self.extractor).__name__]
+
     def _options(self) -> dict[str, Any]:
         """Call options: what the graph fixes, else the extractor's own defaults (raw batches pad to the longest)."""
         options: dict[str, Any] = {"sampling_rate": self.sampling_rate, "return_tensors": "np"}

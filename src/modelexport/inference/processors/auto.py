@@ -9,17 +9,19 @@ and the graph's fixed or dynamic dims.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..._transformers import major_version, transformers_version
 from ...errors import InferenceError, MetadataError
 from ...metadata.build import classify_processor_config, processor_section
-from ...metadata.schema import KEY_MODEL_CONFIG, KEY_PROCESSOR_CONFIG
+from ...metadata.schema import KEY_LIBRARIES, KEY_MODEL_CONFIG, KEY_PROCESSOR_CONFIG
 from ...metadata.store import read_metadata
 from ...onnxfile import resolve_model_path
 from ..graph import GraphInput, graph_inputs
@@ -28,7 +30,16 @@ from .base import BaseONNXProcessor
 from .image import ONNXImageProcessor
 from .text import ONNXTokenizer, load_tokenizer
 
-__all__ = ["ONNXAutoProcessor", "ONNXProcessor", "ProcessorSources", "PROCESSORS", "register_processor"]
+__all__ = [
+    "ONNXAutoProcessor",
+    "ONNXProcessor",
+    "ProcessorSources",
+    "PROCESSORS",
+    "register_processor",
+    "warn_on_version_drift",
+]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +51,8 @@ class ProcessorSources:
     processor_config: dict[str, Any]
     model_config: dict[str, Any]
     tokenizer: Any = None
+    #: Library versions the export recorded (``modelexport.libraries``; empty for older packages).
+    libraries: dict[str, str] = field(default_factory=dict)
 
     @property
     def model_type(self) -> str | None:
@@ -114,6 +127,10 @@ class ONNXProcessor(BaseONNXProcessor):
                 feeds.update(part(**{part.modality: given[part.modality]}))
         return self.cast(feeds)
 
+    @property
+    def transformers_classes(self) -> list[str]:
+        return [name for part in self.parts for name in part.transformers_classes]
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "parts": [p.describe() for p in self.parts]}
 
@@ -146,6 +163,25 @@ def _audio(s: ProcessorSources) -> BaseONNXProcessor:
     return ONNXFeatureExtractor(s.inputs, s.section("feature_extractor"), model_type=s.model_type)
 
 
+def warn_on_version_drift(processor: BaseONNXProcessor, libraries: dict[str, str]) -> str | None:
+    """Warn (and return the message) when transformers' own classes pre-process a package exported under
+    another transformers major version: their behaviour changed between 4 and 5 (tokenizer options rebuilt
+    or not, processor backends), so outputs may differ from the exporting machine's. Our numpy/tokenizers
+    paths behave the same under every version: no warning for them."""
+    exported, installed = libraries.get("transformers", ""), transformers_version()
+    classes = processor.transformers_classes
+    if not classes or not installed or major_version(exported) in (None, major_version(installed)):
+        return None
+    message = (
+        f"this model was exported with transformers {exported} and transformers {installed} is installed: "
+        f"{', '.join(classes)} (transformers' own class) pre-processes its inputs here, and such classes "
+        f"changed between transformers {major_version(exported)} and {major_version(installed)}; compare a "
+        f"few outputs with the exporting environment, or re-export with transformers {installed}"
+    )
+    log.warning("%s", message)
+    return message
+
+
 def _folder_config(folder: Path | None) -> dict[str, Any]:
     file = folder / "config.json" if folder else None
     return json.loads(file.read_text(encoding="utf-8")) if file and file.is_file() else {}
@@ -172,13 +208,16 @@ class ONNXAutoProcessor:
             processor_config=dict(meta.get(KEY_PROCESSOR_CONFIG) or {}),
             model_config=dict(meta.get(KEY_MODEL_CONFIG) or _folder_config(file.parent)),
             tokenizer=tokenizer,
+            libraries=dict(meta.get(KEY_LIBRARIES) or {}),
         )
 
     @classmethod
     def from_sources(cls, sources: ProcessorSources) -> BaseONNXProcessor:
         for predicate, builder in PROCESSORS.values():
             if predicate(sources):
-                return builder(sources)
+                processor = builder(sources)
+                warn_on_version_drift(processor, sources.libraries)
+                return processor
         raise MetadataError(
             f"cannot tell which processor the inputs {[i.to_dict() for i in sources.inputs]} need (tried {', '.join(PROCESSORS)})",
             hint="pass data_processor=... explicitly",

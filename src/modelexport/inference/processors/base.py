@@ -23,6 +23,12 @@ class BaseONNXProcessor:
         self.inputs = list(inputs)
         self.config = dict(config or {})
 
+    @property
+    def transformers_classes(self) -> list[str]:
+        """transformers classes that do this processor's work (empty: our own code does, the same under
+        every transformers version)."""
+        return []
+
     def input(self, name: str) -> GraphInput | None:
         return next((i for i in self.inputs if i.name == name), None)
 

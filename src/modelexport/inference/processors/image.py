@@ -184,6 +184,10 @@ class ONNXImageProcessor(BaseONNXProcessor):
         feeds[self.main.name] = self._pad(out["pixel_values"])
         return self.cast(feeds)
 
+    @property
+    def transformers_classes(self) -> list[str]:
+        return [] if isinstance(self.processor, FastImageProcessor) else [type(self.processor).__name__]
+
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),

@@ -85,6 +85,10 @@ class ONNXTokenizer(BaseONNXProcessor):
         items = self._require(texts, "texts")
         return self.feeds(self.encode([str(t) for t in items], **kwargs))
 
+    @property
+    def transformers_classes(self) -> list[str]:
+        return [] if isinstance(self.tokenizer, FastTokenizer) else [type(self.tokenizer).__name__]
+
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
