@@ -65,11 +65,12 @@ lint: venv
 bench: venv
 	$(BIN)/python benchmarks/export_overhead.py
 
-# Every ratio benchmark (tens of minutes on 2 cores); each writes benchmarks/results/<name>.json.
-bench-all: venv
+# Every ratio benchmark (tens of minutes on 2 cores); each writes benchmarks/results/<name>.json. Those
+# whose peer is Optimum (pipeline_latency, fusion_latency, generation, infer_cold_start) run in .venv-compat.
+bench-all: venv venv-compat
 	$(BIN)/python benchmarks/export_overhead.py
 	$(BIN)/python benchmarks/analyze_speed.py
-	$(BIN)/python benchmarks/pipeline_latency.py
+	$(COMPAT_BIN)/python benchmarks/pipeline_latency.py
 	$(BIN)/python benchmarks/quantization.py
 	$(BIN)/python benchmarks/test_time.py
 

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def require_optimum() -> None:
+    """Exit with the way out when Optimum, the peer these benchmarks measure, is not installed: optimum-onnx
+    needs transformers 4.57, so it lives in the second environment (``make venv-compat``)."""
+    if importlib.util.find_spec("optimum") is None or importlib.util.find_spec("optimum.onnxruntime") is None:
+        sys.exit(
+            "this benchmark measures Optimum, which needs transformers 4.57: run it with .venv-compat/bin/python"
+            " (make venv-compat builds that environment)"
+        )
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> list[float]:

@@ -264,9 +264,10 @@ def _args() -> argparse.Namespace:
 
 
 def main() -> None:
-    from _common import write_results
+    from _common import require_optimum, write_results
 
     args = _args()
+    require_optimum()  # after --help, which needs no peer
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     threads = [int(t) for t in args.threads.split(",")]
     results: dict[str, Any] = {"rounds": args.rounds, "quick": args.quick, "rows": [], "errors": {}}

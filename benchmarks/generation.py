@@ -35,7 +35,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import write_results  # noqa: E402
+from _common import require_optimum, write_results  # noqa: E402
 
 PROMPT, NEW = 64, 32
 
@@ -237,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None, help="keep the models here (reused when present)")
     parser.add_argument("--no-int8", action="store_true", help="skip the int8 engines (ours and Optimum's)")
     args = parser.parse_args(argv)
+    require_optimum()  # after --help, which needs no peer
     root = Path(args.workdir or tempfile.mkdtemp(prefix="gen-bench-"))
     src = _source(root, args.layers)
     ours, theirs, export_s = _exports(src, root, not args.no_int8)

