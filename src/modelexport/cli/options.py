@@ -7,7 +7,18 @@ from typing import Any
 
 import click
 
-__all__ = ["ray_engine_options"]
+__all__ = ["ray_engine_options", "overwrite_option"]
+
+
+def overwrite_option(what: str = "the output") -> Callable[[Any], Any]:
+    """``--overwrite`` of every command that writes (the one output rule, README "Where a command writes")."""
+    return click.option(
+        "--overwrite",
+        is_flag=True,
+        help=f"Replace files at {what} that an earlier modelexport run wrote (the named file, its sidecar, "
+        "files its package manifest records); a file no run of ours wrote is never replaced. Without it an "
+        "existing file is never replaced.",
+    )
 
 
 def ray_engine_options(engine_help: str) -> Callable[[Any], Any]:
