@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: venv
-	$(BIN)/modelexport pipeline
+	$(BIN)/modelexport pipeline --overwrite
 
 # The default run (not slow) stays under 10 minutes on 2 cores; --durations keeps its slowest tests in view.
 # Serial on purpose: with xdist (PYTEST_ARGS='-n 2', supported) each worker rebuilds the session fixtures

@@ -227,21 +227,28 @@ def test_the_form_of_an_output_path(
 
 
 @pytest.mark.smoke
-def test_overwrite_replaces_only_the_named_file_its_own_files_and_recorded_ones(tmp_path: Path) -> None:
+def test_overwrite_replaces_only_the_named_file_and_recorded_ones(tmp_path: Path) -> None:
+    """In a folder, --overwrite replaces only what a manifest records; a file the user names (with its sidecar)
+    is theirs to replace; package files never go beside a model in a folder of other files."""
     (tmp_path / "model.onnx").write_bytes(b"old")
     (tmp_path / "model_hierarchy.json").write_text("{}")
     (tmp_path / "config.json").write_text("{}")
     folder = {"output": f"{tmp_path}/", "default_name": "model.onnx", "package": ["config.json"]}
     with pytest.raises(OutputExistsError, match="this run did not create them"):
         plan_output(**folder, package_folder=True)
-    with pytest.raises(OutputExistsError, match=r"config\.json: no modelexport run recorded it"):
+    with pytest.raises(OutputExistsError, match=r"3 files in .*: no modelexport run recorded them"):
         plan_output(**folder, package_folder=True, overwrite=True)
-    (tmp_path / PACKAGE_MANIFEST).write_text(json.dumps({WRITTEN_KEY: ["config.json"]}))
+    named = plan_output(tmp_path / "model.onnx", "model.onnx", overwrite=True)
+    assert {
+        "model.onnx",
+        "model_hierarchy.json",
+    } <= named.replaceable and "config.json" not in named.replaceable
+    with pytest.raises(OutputExistsError, match="would be scattered"):
+        plan_output(tmp_path / "model.onnx", "model.onnx", package=["config.json"], overwrite=True)
+    record = {WRITTEN_KEY: ["model.onnx", "model_hierarchy.json", "config.json"]}
+    (tmp_path / PACKAGE_MANIFEST).write_text(json.dumps(record))
     plan = plan_output(**folder, package_folder=True, overwrite=True)
     assert {"model.onnx", "model_hierarchy.json", "config.json", PACKAGE_MANIFEST} <= plan.replaceable
-    with pytest.raises(OutputExistsError, match="would be scattered"):  # a model file in a folder of others
-        (tmp_path / "notes.txt").write_text("mine")
-        plan_output(tmp_path / "other.onnx", "model.onnx", package=["tokenizer.json"])
 
 
 @pytest.mark.smoke

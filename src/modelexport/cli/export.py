@@ -152,7 +152,8 @@ def _summary(result: Any) -> str:
     "encoder-decoder task, each graph's <stem>_<level>.onnx, the set the pipelines load.",
 )
 @overwrite_option(
-    "OUTPUT (the earlier package there: its recorded files the new export does not write are removed)"
+    "OUTPUT",
+    "A folder's earlier package is replaced: its recorded files this export does not write are removed.",
 )
 @click.option(
     "--format",

@@ -10,14 +10,15 @@ import click
 __all__ = ["ray_engine_options", "overwrite_option"]
 
 
-def overwrite_option(what: str = "the output") -> Callable[[Any], Any]:
-    """``--overwrite`` of every command that writes (the one output rule, README "Where a command writes")."""
+def overwrite_option(what: str = "-o", also: str = "") -> Callable[[Any], Any]:
+    """``--overwrite`` of every command that writes (the one output rule, README "Where a command writes");
+    ``what`` names the command's output option, ``also`` adds what it means there."""
     return click.option(
         "--overwrite",
         is_flag=True,
-        help=f"Replace files at {what} that an earlier modelexport run wrote (the named file, its sidecar, "
-        "files its package manifest records); a file no run of ours wrote is never replaced. Without it an "
-        "existing file is never replaced.",
+        help=f"Replace existing files at {what}: the file named (with its sidecar) and files an earlier modelexport "
+        f"run recorded in the folder's manifest; no other file is ever replaced.{' ' + also if also else ''} "
+        "Without it nothing that exists is replaced.",
     )
 
 

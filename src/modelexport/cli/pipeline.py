@@ -131,7 +131,10 @@ def _opt(name: str, **kwargs: Any) -> Any:
     help="Search the test-time policy on the validation set (false: apply the TTA/TTT options as given).",
 )
 @_opt("report", default=None, help="Report JSON path [default: pipeline_report.json beside the model].")
-@overwrite_option("--output_model and --report")
+@overwrite_option(
+    "--output_model and --report",
+    "A folder's earlier package is replaced: its recorded files this run does not write are removed.",
+)
 def pipeline_cmd(**options: Any) -> int:
     """Train a classifier with DSPy, export it, quantize it, choose its test-time policy, and report."""
     from ..workflow import PipelineConfig, run_pipeline  # defers dspy and torch: --help stays light

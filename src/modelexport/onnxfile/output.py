@@ -15,15 +15,17 @@ file: its sidecar, its external data and the package files it needs (config, pro
 
 - an output that is one of the run's inputs (the model, its sidecar or weights, a dataset), or a package
   folder that is an input or holds an input model, always;
-- an output that would replace an existing file, unless ``overwrite``. With ``overwrite`` only the named
-  file and its own files (sidecar, external data), and files an earlier run of ours recorded as its own in
-  the folder's manifest (``export_metadata.json``: ``written``, and an export's file lists), are replaced;
-  any other file never is;
+- an output that would replace an existing file, unless ``overwrite``. With ``overwrite`` only the file the
+  user named (``-o FILE``, with its sidecar and external data) and files an earlier run of ours recorded as
+  its own in the folder's manifest (``export_metadata.json``: ``written``, and an export's file lists) are
+  replaced; any other file never is (in a named folder, a file under our default name is not the user's to
+  give away: only a record makes it replaceable);
 - package files beside a model file in a folder that holds other files (a bare ``NAME.onnx`` in a working
   directory): they would be scattered among the user's files; name a folder for the package instead.
 
-A package folder written with ``overwrite`` replaces the earlier package there: the files it recorded that
-the new run does not write again are removed (never an input, never a file no manifest records).
+A package folder always gets a manifest recording its files. Written with ``overwrite`` it replaces the
+earlier package there: the files it recorded that the new run does not write again are removed (never an
+input, never a file no manifest records).
 
 **Atomic.** The files are staged in a hidden folder inside the output folder and renamed into place only
 when the whole run succeeded, the main file last; a failure leaves the folder as it was (and removes a
@@ -334,14 +336,17 @@ def plan_output(
         _refuse_scatter(path, package, others)
     if conflicts and not overwrite:
         _refuse_replace(folder, conflicts, overwrite=False)
-    if conflicts - recorded - own:
-        _refuse_replace(folder, conflicts - recorded - own, overwrite=True)
+    named = (
+        set() if is_folder else own
+    )  # a file the user named (not one we named in their folder) is theirs to replace
+    if conflicts - recorded - named:
+        _refuse_replace(folder, conflicts - recorded - named, overwrite=True)
     return OutputPlan(
         path=path,
         is_folder=is_folder,
         package_folder=whole,
         overwrite=overwrite,
-        replaceable=frozenset((recorded | own) if overwrite else ()),
+        replaceable=frozenset((recorded | named) if overwrite else ()),
         recorded=frozenset(recorded),
         inputs=ins,
         package_ok=is_folder or not others,
@@ -396,12 +401,16 @@ def _check_commit(plan: OutputPlan, names: list[str]) -> None:
 
 def _record(plan: OutputPlan, staging: Path, names: list[str], removed: list[str]) -> None:
     """Record the files this run wrote in the folder's manifest: the staged one, or ours already there
-    (merged: every entry kept). Without either there is no package to record them in."""
+    (merged: every entry kept), or a new one in a package folder. A model file beside other files, or a
+    report, has no package to record them in: only the file named may be replaced there."""
     staged = staging / PACKAGE_MANIFEST
     if staged.is_file():
         manifest = read_manifest(staging)
     elif PACKAGE_MANIFEST in plan.recorded and PACKAGE_MANIFEST not in removed:
         manifest = _our_manifest(plan.folder) or {}
+        names.append(PACKAGE_MANIFEST)
+    elif plan.package_folder:  # a package folder always has a manifest: what makes its files ours
+        manifest = {}
         names.append(PACKAGE_MANIFEST)
     else:
         return
