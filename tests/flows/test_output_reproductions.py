@@ -299,3 +299,19 @@ def test_refusals_are_typed_builtins_too(tmp_path: Path) -> None:
         plan_output(tmp_path / "f" / "x.json", "x.json")
     with pytest.raises(OutputWriteError, match="empty"):
         plan_output("", "x.json")
+
+
+@pytest.mark.regression
+def test_a_package_folder_records_its_files_so_overwrite_can_replace_them(
+    cnn_o1: Path, tmp_path: Path
+) -> None:
+    """A lone .onnx quantized into a folder: the folder gets a manifest (the graph has no package of its own),
+    so running again needs --overwrite and then replaces exactly those files; a note of the user's stays."""
+    shutil.copy(cnn_o1 / "model.onnx", tmp_path / "cnn.onnx")
+    modelexport.quantize(tmp_path / "cnn.onnx", f"{tmp_path}/q/", progress=False)
+    assert set(read_manifest(tmp_path / "q")[WRITTEN_KEY]) == {"model.onnx", PACKAGE_MANIFEST}
+    (tmp_path / "q" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="this run did not create them"):
+        modelexport.quantize(tmp_path / "cnn.onnx", f"{tmp_path}/q/", progress=False)
+    modelexport.quantize(tmp_path / "cnn.onnx", f"{tmp_path}/q/", progress=False, overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "q").iterdir()) == [PACKAGE_MANIFEST, "model.onnx", "notes.txt"]

@@ -344,8 +344,11 @@ def _plan(model: Any, output: str | Path, cfg: ExportConfig, seq2seq: bool) -> O
     package = [n for f in files for n in (f, sidecar_path_for(f).name) if n not in own_files(target.name)]
     if cfg.embed_metadata or suffixes or seq2seq:
         package.append(PACKAGE_MANIFEST)
-    if _source_path(model) is not None and ":" not in os.fspath(model) or hasattr(model, "config"):
+    folder_or_hub_id = isinstance(model, str | os.PathLike) and ":" not in os.fspath(model)
+    if folder_or_hub_id or hasattr(model, "config"):
         package.append("config.json")  # a Hugging Face model
+    if cfg.processor_config:
+        package.append("preprocessor_config.json")
     dumps = {
         "export_report.md": cfg.with_report,
         "fx_graph.txt": cfg.fx_graph,

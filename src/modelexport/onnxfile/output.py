@@ -23,9 +23,9 @@ file: its sidecar, its external data and the package files it needs (config, pro
 - package files beside a model file in a folder that holds other files (a bare ``NAME.onnx`` in a working
   directory): they would be scattered among the user's files; name a folder for the package instead.
 
-A package folder always gets a manifest recording its files. Written with ``overwrite`` it replaces the
-earlier package there: the files it recorded that the new run does not write again are removed (never an
-input, never a file no manifest records).
+A package folder always gets a record of its files (a manifest, or an export's own sidecar). Written with
+``overwrite`` it replaces the earlier package there: the files it recorded that the new run does not write
+again are removed (never an input, never a file no record lists).
 
 **Atomic.** The files are staged in a hidden folder inside the output folder and renamed into place only
 when the whole run succeeded, the main file last; a failure leaves the folder as it was (and removes a
@@ -401,22 +401,39 @@ def _check_commit(plan: OutputPlan, names: list[str]) -> None:
 
 def _record(plan: OutputPlan, staging: Path, names: list[str], removed: list[str]) -> None:
     """Record the files this run wrote in the folder's manifest: the staged one, or ours already there
-    (merged: every entry kept), or a new one in a package folder. A model file beside other files, or a
-    report, has no package to record them in: only the file named may be replaced there."""
+    (merged: every entry kept), or a new one in a package folder whose files no staged record lists. A model
+    file beside other files, or a report, has no package to record them in: only the file named may be
+    replaced there."""
     staged = staging / PACKAGE_MANIFEST
     if staged.is_file():
         manifest = read_manifest(staging)
     elif PACKAGE_MANIFEST in plan.recorded and PACKAGE_MANIFEST not in removed:
         manifest = _our_manifest(plan.folder) or {}
         names.append(PACKAGE_MANIFEST)
-    elif plan.package_folder:  # a package folder always has a manifest: what makes its files ours
-        manifest = {}
+    elif plan.package_folder and not set(names) <= recorded_files(staging):  # what makes its files ours
+        manifest = {}  # (an export's own sidecar already lists them: --no-embed-metadata writes no manifest)
         names.append(PACKAGE_MANIFEST)
     else:
         return
     kept = (plan.recorded | _listed(manifest.get(WRITTEN_KEY))) - set(removed)
     manifest[WRITTEN_KEY] = sorted(kept | set(names) | {PACKAGE_MANIFEST})
     write_json(staged, manifest)
+
+
+def _move_in(plan: OutputPlan, staging: Path, names: list[str]) -> None:
+    """Rename the staged files into the folder, the main file last. An old main file is set aside first (a
+    new sidecar never sits beside it), and put back if a rename fails."""
+    main, aside = plan.name, staging / f"{_STAGING_PREFIX}old"
+    replacing = main in names and (plan.folder / main).is_file()
+    try:
+        if replacing:
+            os.replace(plan.folder / main, aside)
+        for name in [n for n in names if n != main] + ([main] if main in names else []):
+            os.replace(staging / name, plan.folder / name)
+    except OSError as exc:
+        if replacing and aside.exists() and not (plan.folder / main).exists():
+            os.replace(aside, plan.folder / main)
+        raise OutputWriteError(f"cannot write to {plan.folder}: {exc.strerror or exc}") from exc
 
 
 def _commit(plan: OutputPlan, stage: Staging) -> None:
@@ -428,17 +445,14 @@ def _commit(plan: OutputPlan, stage: Staging) -> None:
         inputs = {p.name for p in plan.inputs if p.parent == plan.folder.resolve()}
         removed = sorted(plan.recorded - set(names) - inputs)
     _record(plan, staging, names, removed)
+    removed = [n for n in removed if n not in names]  # a manifest written anew is not stale
     stage.replaced = sorted(n for n in names if (plan.folder / n).exists())
-    main = plan.name
+    _move_in(plan, staging, names)
     try:
-        if main in names and (plan.folder / main).is_file():  # the old main file goes first, the new one last
-            os.replace(plan.folder / main, staging / f"{_STAGING_PREFIX}old")
-        for name in [n for n in names if n != main] + ([main] if main in names else []):
-            os.replace(staging / name, plan.folder / name)
         for name in removed:
             (plan.folder / name).unlink(missing_ok=True)
     except OSError as exc:
-        raise OutputWriteError(f"cannot write to {plan.folder}: {exc.strerror or exc}") from exc
+        raise OutputWriteError(f"cannot remove {plan.folder / name}: {exc.strerror or exc}") from exc
     stage.removed = removed
 
 
