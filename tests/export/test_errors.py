@@ -133,7 +133,9 @@ def test_failed_export_leaves_existing_output_untouched(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.onnx").write_bytes(b"previous")
-    (out / "export_metadata.json").write_text('{"written": ["model.onnx"]}')  # an earlier run of ours wrote it
+    (out / "export_metadata.json").write_text(
+        '{"written": ["model.onnx"]}'
+    )  # an earlier run of ours wrote it
     with pytest.raises(UnsupportedOperatorError):  # overwrite: our earlier model.onnx may be replaced...
         modelexport.export(UsesCustomOp(), out, overwrite=True)
     assert (out / "model.onnx").read_bytes() == b"previous"  # ...but a failed export replaces nothing

@@ -51,7 +51,8 @@ class PipelineConfig:
     report: str | None = None
     progress: bool = True
     max_length: int = 128
-    #: Replace the files an earlier run of ours wrote at ``output_model`` (never another file).
+    #: Replace existing files at ``output_model`` and ``report``: the file named and those an earlier run of ours
+    #: recorded (never another file; the one output rule, :mod:`modelexport.onnxfile.output`).
     overwrite: bool = False
 
     def __post_init__(self) -> None:
