@@ -36,7 +36,7 @@ $(COMPAT_STAMP): pyproject.toml constraints.txt constraints-compat.txt
 	touch $(COMPAT_STAMP)
 
 demo: venv
-	$(BIN)/modelexport pipeline
+	$(BIN)/modelexport pipeline --overwrite
 
 # The default run (not slow) stays under 10 minutes on 2 cores; --durations keeps its slowest tests in view.
 # Serial on purpose: with xdist (PYTEST_ARGS='-n 2', supported) each worker rebuilds the session fixtures

@@ -62,13 +62,21 @@ def main() -> None:
             plain_export(model, args.exporter, Path(tmp) / "w.onnx")  # warm-up: one-off import/compile costs
             plain = timed(lambda m=model: plain_export(m, args.exporter, Path(tmp) / "p.onnx"), args.repeats)
             tagged = timed(
-                lambda m=model: modelexport.export(
-                    m, Path(tmp) / "t", exporter=args.exporter, validate=False, embed_metadata=False
+                lambda m=model: modelexport.export(  # each repeat replaces the last (its own package)
+                    m,
+                    Path(tmp) / "t",
+                    exporter=args.exporter,
+                    validate=False,
+                    embed_metadata=False,
+                    overwrite=True,
                 ),
                 args.repeats,
             )
             full = timed(
-                lambda m=model: modelexport.export(m, Path(tmp) / "f", exporter=args.exporter), args.repeats
+                lambda m=model: modelexport.export(
+                    m, Path(tmp) / "f", exporter=args.exporter, overwrite=True
+                ),
+                args.repeats,
             )
         row = {
             "model": name,

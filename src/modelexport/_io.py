@@ -1,4 +1,5 @@
-"""Atomic file writes: bad input must never leave a half-written file behind."""
+"""Atomic file writes: bad input must never leave a half-written file behind (several files at once: the one
+output rule's staging, ``modelexport.onnxfile.output``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +16,6 @@ from .errors import ModelExportError, OutputWriteError
 
 __all__ = [
     "atomic_path",
-    "atomic_dir",
     "onnx_weight_bytes",
     "read_json_object",
     "parse_json",
@@ -65,33 +64,6 @@ def atomic_path(target: str | os.PathLike[str]) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
-
-
-@contextlib.contextmanager
-def atomic_dir(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temp folder beside ``target``; its files are moved into ``target`` only on success.
-
-    Existing files in ``target`` that the block did not write are left alone.
-    """
-    target = Path(target)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    except OSError as exc:
-        raise OutputWriteError(f"cannot write to {target.parent}: {exc.strerror or exc}") from exc
-    try:
-        yield tmp
-        try:
-            target.mkdir(parents=True, exist_ok=True)
-            for item in tmp.iterdir():
-                dest = target / item.name
-                if dest.is_dir() and not dest.is_symlink():
-                    shutil.rmtree(dest)
-                os.replace(item, dest)
-        except OSError as exc:
-            raise OutputWriteError(f"cannot write to {target}: {exc.strerror or exc}") from exc
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _too_deep(text: str) -> bool:

@@ -20,6 +20,7 @@ __all__ = [
     "ParityError",
     "TopologyMismatchError",
     "OutputWriteError",
+    "OutputExistsError",
     "OnnxFileError",
     "ModelFileNotFoundError",
     "TagError",
@@ -112,6 +113,13 @@ class OutputWriteError(ModelExportError, OSError):
     """The output location cannot be written."""
 
     hint = "choose a writable output directory (check permissions and free space)"
+
+
+class OutputExistsError(OutputWriteError, FileExistsError):
+    """An output would replace a file this run did not create, or is one of the run's inputs; refused
+    before any work (the one output rule: ``modelexport.onnxfile.output``)."""
+
+    hint = "pass --overwrite to replace files an earlier modelexport run wrote, or write to a new or empty folder"
 
 
 class OnnxFileError(ModelExportError, ValueError):

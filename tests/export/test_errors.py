@@ -157,9 +157,13 @@ def test_failed_export_leaves_existing_output_untouched(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.onnx").write_bytes(b"previous")
-    with pytest.raises(UnsupportedOperatorError):  # overwrite: the foreign model.onnx may be replaced...
+    (out / "export_metadata.json").write_text(
+        '{"written": ["model.onnx"]}'
+    )  # an earlier run of ours wrote it
+    with pytest.raises(UnsupportedOperatorError):  # overwrite: our earlier model.onnx may be replaced...
         modelexport.export(UsesCustomOp(), out, overwrite=True)
     assert (out / "model.onnx").read_bytes() == b"previous"  # ...but a failed export replaces nothing
+    assert sorted(p.name for p in out.iterdir()) == ["export_metadata.json", "model.onnx"]
 
 
 @pytest.mark.smoke

@@ -72,7 +72,7 @@ def test_optimize_cli_prints_fusion_statistics(
             ["quantize", "{model}", "-o", "{out}", "--mode", "static", "--calibration-data", "{missing}"],
             "not found",
         ),
-        (["quantize", "{model}", "-o", "{model}"], "overwrite the input"),
+        (["quantize", "{model}", "-o", "{model}"], "is an input of this run"),
         (["optimize", "{model}", "-o", "{out}", "--level", "none"], "nothing to do"),
         (["optimize", "{missing}", "-o", "{out}"], "ONNX model not found"),
     ],

@@ -146,7 +146,7 @@ def test_fusion_family_comes_from_the_embedded_config_with_a_recorded_fallback(
         )
         result = optimize_model(
             exported.onnx_path,
-            tmp_path / f"{name}.onnx",
+            tmp_path / name / f"{name}.onnx",  # each model's package files in a folder of its own
             level="extended",
             transformer_fusion=True,
             fusion_engine="ort",

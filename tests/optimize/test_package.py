@@ -18,7 +18,7 @@ import onnx
 import pytest
 
 from modelexport.cli.app import main
-from modelexport.errors import ConfigError, OutputWriteError
+from modelexport.errors import ConfigError, OutputExistsError
 from modelexport.export.api import export
 from modelexport.onnxfile import (
     PACKAGE_MANIFEST,
@@ -134,9 +134,9 @@ def test_exclude_modules_apply_to_the_graphs_that_have_them(package: Path, tmp_p
     [
         (lambda p, o: quantize(p, o, mode="static"), ConfigError, "static quantization needs calibration"),
         (lambda p, o: quantize(p, o, eval_data=p / "x.csv"), ConfigError, "feed a dataset to one graph"),
-        (lambda p, o: quantize(p, p), ConfigError, "is the input package"),
+        (lambda p, o: quantize(p, p), OutputExistsError, "is an input of this run"),
         (lambda p, o: optimize_model(p, o / "x.onnx"), ConfigError, "-o must name a folder"),
-        (lambda p, o: quantize(p / ROLES["encoder"], p), ConfigError, "is a folder"),
+        (lambda p, o: quantize(p / ROLES["encoder"], p), OutputExistsError, "holds this run's input"),
     ],
     ids=["static", "eval-data", "in-place", "file-output", "one-graph-into-a-folder"],
 )
@@ -154,7 +154,9 @@ def test_an_output_folder_with_models_is_refused(package: Path, tmp_path: Path) 
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.onnx").write_bytes(b"")
-    with pytest.raises(OutputWriteError, match="already holds model files: model.onnx"):
+    with pytest.raises(
+        OutputExistsError, match=r"refusing to replace .*model\.onnx: this run did not create it"
+    ):
         quantize(package, out)
     assert [p.name for p in out.iterdir()] == ["model.onnx"]
 

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from modelexport.errors import ConfigError, DatasetError, OnnxFileError
+from modelexport.errors import ConfigError, DatasetError, OnnxFileError, OutputExistsError
 from modelexport.hierarchy.tags import TAG_KEY
 from modelexport.inference.feeds import FEEDERS
 from modelexport.metadata import read_metadata
@@ -159,13 +159,16 @@ def test_bad_inputs_raise_typed_errors(tiny_bert_onnx: Path, tmp_path: Path) -> 
         quantize(tmp_path / "junk.onnx", tmp_path / "q.onnx")
     with pytest.raises(DatasetError):
         quantize(
-            tiny_bert_onnx, tmp_path / "q.onnx", mode="static", calibration_data=str(tmp_path / "nope.npz")
+            tiny_bert_onnx,
+            tmp_path / "out" / "q.onnx",
+            mode="static",
+            calibration_data=str(tmp_path / "nope.npz"),
         )
     with pytest.raises(ConfigError, match="calibrate_method"):
-        quantize(tiny_bert_onnx, tmp_path / "q.onnx", calibrate_method="median")
-    with pytest.raises(ConfigError, match="overwrite"):
+        quantize(tiny_bert_onnx, tmp_path / "out" / "q.onnx", calibrate_method="median")
+    with pytest.raises(OutputExistsError, match="is an input of this run"):
         quantize(tiny_bert_onnx, tiny_bert_onnx)
-    assert not (tmp_path / "q.onnx").exists()
+    assert not (tmp_path / "q.onnx").exists() and not (tmp_path / "out").exists()
 
 
 @pytest.mark.sanity

@@ -96,7 +96,7 @@ def test_quantize_error_node_data(tiny_bert_export: Any, tmp_path: Path, capsys:
     feeds = {"input_ids": rng.integers(0, 99, (4, 8)), "attention_mask": np.ones((4, 8), np.int64)}
     feeds["token_type_ids"] = np.zeros((4, 8), np.int64)
     np.savez(tmp_path / "calib.npz", **feeds)
-    out, q = tmp_path / "error.json", tmp_path / "q.onnx"
+    out, q = tmp_path / "error.json", tmp_path / "q" / "q.onnx"  # the int8 package in a folder of its own
     args = [
         "quantize",
         str(tiny_bert_export.onnx_path),

@@ -14,7 +14,7 @@ from ..errors import ConfigError
 from ..inference.pipelines import PIPELINES
 from ..inference.pipelines.factory import resolve_task
 from ..metadata.store import read_metadata
-from ..onnxfile import resolve_model_path
+from ..onnxfile import plan_output, resolve_model_path
 from .config import BatchConfig, output_format
 from .engines import ENGINES, require_ray
 from .sink import ResultSink
@@ -23,6 +23,8 @@ from .worker import WorkerSpec
 
 __all__ = ["batch_infer", "BatchResult"]
 
+#: The file ``--output DIR/`` writes in the folder.
+PREDICTIONS_FILE = "predictions.parquet"
 #: Input kind -> the processor kind a task's pipeline must accept for it.
 _PROCESSOR_FOR = {"text": "tokenizer", "image": "image_processor"}
 
@@ -82,17 +84,22 @@ def batch_infer(
     call_kwargs: dict[str, Any] | None = None,
     test_time_policy: Any = None,
     progress: bool = False,
+    overwrite: bool = False,
 ) -> BatchResult:
     """Predict every row of ``data`` (CSV/TSV/JSON/JSONL/Parquet/.txt, an image folder, a list of texts
     or image paths, or a ``.npz`` of model-ready arrays: ``x`` or one per graph input, rows on axis 0,
     which skip the processor) and write ``output`` (``.parquet`` or ``.jsonl``): ``id`` (the row's index in the
     input), the kept columns, the task pipeline's prediction fields and ``error`` (null unless the row
     failed). ``engine="ray"`` runs ``num_workers`` actors of ``threads_per_worker`` ONNX Runtime threads
-    each, on the cluster at ``address`` or a local one.
+    each, on the cluster at ``address`` or a local one. ``output`` follows the one output rule
+    (:mod:`modelexport.onnxfile.output`): a folder gets ``predictions.parquet``; never the model or the
+    data, never over an existing file without ``overwrite``.
     """
     config = BatchConfig(
         engine, num_workers, threads_per_worker, batch_size, address, tuple(split_names(keep_columns))
     )
+    sources = [data] if isinstance(data, str | os.PathLike) else []
+    output = plan_output(output, PREDICTIONS_FILE, inputs=[model, *sources], overwrite=overwrite).path
     output_format(output)
     require_pyarrow()
     if config.engine == "ray":

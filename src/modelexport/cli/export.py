@@ -1,4 +1,4 @@
-"""``modelexport export MODEL OUTPUT_DIR``: parse options, call :func:`modelexport.export`, print a summary."""
+"""``modelexport export MODEL OUTPUT``: parse options, call :func:`modelexport.export`, print a summary."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..export import ExportConfig, export, load_input_specs
+from .options import overwrite_option
 
 __all__ = ["export_cmd"]
 
@@ -51,7 +52,7 @@ def _summary(result: Any) -> str:
 
 @click.command("export")
 @click.argument("model")
-@click.argument("output_dir", type=click.Path(file_okay=False))
+@click.argument("output", type=click.Path())
 @click.option(
     "--exporter",
     type=click.Choice(["dynamo", "torchscript"]),
@@ -150,11 +151,9 @@ def _summary(result: Any) -> str:
     "fusions), checked against PyTorch and recorded as the deployed model of the package; for an "
     "encoder-decoder task, each graph's <stem>_<level>.onnx, the set the pipelines load.",
 )
-@click.option(
-    "--overwrite",
-    is_flag=True,
-    help="Replace model files in OUTPUT_DIR that modelexport did not write (an earlier export's own "
-    "files are always replaced; other files are kept).",
+@overwrite_option(
+    "OUTPUT",
+    "A folder's earlier package is replaced: its recorded files this export does not write are removed.",
 )
 @click.option(
     "--format",
@@ -164,11 +163,13 @@ def _summary(result: Any) -> str:
     show_default=True,
     help="Summary format.",
 )
-def export_cmd(model: str, output_dir: str, **opts: Any) -> int:
-    """Export MODEL (HF folder, hub id, file.py:factory or package.module:factory) to OUTPUT_DIR with hierarchy tags.
+def export_cmd(model: str, output: str, **opts: Any) -> int:
+    """Export MODEL (HF folder, hub id, file.py:factory or package.module:factory) to OUTPUT with hierarchy tags.
 
-    Writes OUTPUT_DIR/model.onnx, where every node carries the module that produced it, and
-    OUTPUT_DIR/model_hierarchy.json; checks the model with onnx.checker and ONNX Runtime vs PyTorch.
+    OUTPUT is a folder (out/, or any path not ending in .onnx) that gets model.onnx, where every node
+    carries the module that produced it, model_hierarchy.json and the package files; or FILE.onnx, with
+    its sidecar and package files beside it (in a new or empty folder). An existing file is never
+    replaced without --overwrite. Checks the model with onnx.checker and ONNX Runtime vs PyTorch.
     """
 
     fmt = opts.pop("fmt")
@@ -205,8 +206,6 @@ def export_cmd(model: str, output_dir: str, **opts: Any) -> int:
     from rich.console import Console
 
     with Console(stderr=True).status("Exporting...") as status:
-        result = export(
-            model, output_dir, config, on_stage=lambda stage: status.update(f"Exporting: {stage}...")
-        )
+        result = export(model, output, config, on_stage=lambda stage: status.update(f"Exporting: {stage}..."))
     click.echo(json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else _summary(result))
     return 0

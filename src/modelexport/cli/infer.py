@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..inference import pipeline
 from ..inference.pipelines.seq2seq import SPEECH_DECODER_TASKS, SpeechRecognitionPipeline
 from ..metadata.tasks import normalize_task
-from .options import ray_engine_options
+from .options import overwrite_option, ray_engine_options
 
 __all__ = ["infer_cmd"]
 
@@ -98,10 +98,11 @@ def _batch_options(fn: Any) -> Any:
         ),
         click.option(
             "--output",
-            type=click.Path(dir_okay=False),
+            type=click.Path(),
             default=None,
-            help="Predictions: PRED.parquet or PRED.jsonl.",
+            help="Predictions: PRED.parquet or PRED.jsonl, or a folder (DIR/) that gets predictions.parquet.",
         ),
+        overwrite_option("--output"),
         click.option(
             "--keep-columns", default="", help="Input columns copied to the output, comma separated."
         ),
@@ -118,6 +119,7 @@ def _batch_options(fn: Any) -> Any:
 
 _BATCH_DEFAULTS = {
     "output": None,
+    "overwrite": False,
     "engine": "local",
     "num_workers": 1,
     "threads_per_worker": 1,
@@ -163,6 +165,7 @@ def _run_batch(
         providers=providers,
         call_kwargs={} if top_k is None else {"top_k": top_k},
         progress=not as_json,
+        overwrite=batch["overwrite"],
     )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))

@@ -2,7 +2,8 @@
 
 Each command parses options, calls one library function from :mod:`modelexport.inspect` (or
 :func:`modelexport.hierarchy.extract.extract_module_subgraph`) and prints or writes a rendering.
-Output files are written atomically; errors are raised as ModelExportError subclasses for the app.
+Output files follow the one output rule (``modelexport.onnxfile.output``: checked before any work, written
+atomically); errors are raised as ModelExportError subclasses for the app.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import click
 from .._io import write_text
 from ..inspect.analyze import AnalyzeConfig, analyze
 from ..inspect.compare import compare
-from ..inspect.extract import call_instances, extract_module_subgraph
-from ..inspect.formats import TERMINAL_WIDTH, format_for_path, render
+from ..inspect.extract import call_instances, extract_module_subgraph, extract_plan
+from ..inspect.formats import TERMINAL_WIDTH, file_name_for, format_for_path, render
 from ..inspect.loading import load_tagged_model
-from ..inspect.node_data import profile_overlay, write_node_data
+from ..inspect.node_data import NODE_DATA_NAME, profile_overlay, write_node_data
 from ..inspect.optimum import validate_optimum_compatibility
 from ..inspect.profile import ProfileConfig, profile
 from ..inspect.validate import repair as repair_fn
 from ..inspect.validate import validate
+from ..onnxfile import OutputPlan, plan_output
+from .options import overwrite_option
 
 __all__ = ["analyze_cmd", "validate_cmd", "compare_cmd", "extract_cmd", "profile_cmd"]
 
@@ -39,17 +42,29 @@ _WIDE = click.option(
 )
 
 
-def _emit(
-    command: str, result: Any, fmt: str | None, output: str | None, default: str, wide: bool = False
-) -> None:
-    """Render ``result`` and print it (cut to the terminal unless ``wide``), or write it whole to ``output``."""
+def _plan(
+    command: str,
+    output: str | None,
+    fmt: str | None,
+    default: str,
+    inputs: list[str | None],
+    overwrite: bool,
+) -> tuple[OutputPlan | None, str]:
+    """Where ``-o`` writes (the one output rule, checked before any work) and the format it gets."""
+    if not output:
+        return None, fmt or default
+    fmt = fmt or format_for_path(command, output, default)
+    return plan_output(output, file_name_for(command, fmt), inputs=inputs, overwrite=overwrite), fmt
 
-    if output:
-        text = render(command, fmt or format_for_path(command, output, default), result)
-        write_text(output, text)
-        click.echo(f"wrote {output}")
+
+def _emit(command: str, result: Any, fmt: str, plan: OutputPlan | None, wide: bool = False) -> None:
+    """Render ``result`` and print it (cut to the terminal unless ``wide``), or write it whole where planned."""
+
+    if plan is not None:
+        write_text(plan.path, render(command, fmt, result))
+        click.echo(f"wrote {plan.path}")
     else:
-        click.echo(render(command, fmt or default, result, None if wide else TERMINAL_WIDTH), nl=False)
+        click.echo(render(command, fmt, result, None if wide else TERMINAL_WIDTH), nl=False)
 
 
 @click.command("analyze")
@@ -72,18 +87,26 @@ def _emit(
 @click.option(
     "--output",
     "-o",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
     default=None,
-    help="Write to FILE (format from .json/.csv).",
+    help="Write to FILE (format from .json/.csv), or into DIR/ as analyze.txt|.json|.csv.",
 )
+@overwrite_option("-o")
 @_WIDE
 def analyze_cmd(
-    model: str, fmt: str | None, filter_tag: str | None, depth: int | None, output: str | None, wide: bool
+    model: str,
+    fmt: str | None,
+    filter_tag: str | None,
+    depth: int | None,
+    output: str | None,
+    overwrite: bool,
+    wide: bool,
 ) -> int:
     """Which module owns which nodes, op types and parameters (works without the sidecar)."""
 
+    plan, fmt = _plan("analyze", output, fmt, "summary", [model], overwrite)
     result = analyze(model, AnalyzeConfig(filter_tag=filter_tag, depth=depth))
-    _emit("analyze", result, fmt, output, "summary", wide)
+    _emit("analyze", result, fmt, plan, wide)
     return 0
 
 
@@ -190,10 +213,11 @@ def validate_cmd(
 @click.option(
     "--output",
     "-o",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
     default=None,
-    help="Write to FILE (.md markdown, .json json).",
+    help="Write to FILE (.md markdown, .json json), or into DIR/ as compare.txt|.md|.json.",
 )
+@overwrite_option("-o")
 @_WIDE
 def compare_cmd(
     model_a: str,
@@ -203,15 +227,17 @@ def compare_cmd(
     ep: str | None,
     fmt: str | None,
     output: str | None,
+    overwrite: bool,
     wide: bool,
 ) -> int:
     """Structural (and with --numeric, numerical) differences between two models."""
 
+    plan, fmt = _plan("compare", output, fmt, "text", [model_a, model_b, inputs], overwrite)
     providers = tuple(p for p in (ep or "").split(",") if p.strip())
     result = compare(
         model_a, model_b, numeric=numeric or inputs is not None, inputs=inputs, providers=providers
     )
-    _emit("compare", result, fmt, output, "text", wide)
+    _emit("compare", result, fmt, plan, wide)
     return 0
 
 
@@ -247,7 +273,11 @@ def _list_modules(model: str, hierarchy: str | None) -> None:
     help="Module tag (/BertModel/BertEncoder/BertLayer.0) or module path (encoder.layer.0).",
 )
 @click.option(
-    "--output", "-o", type=click.Path(dir_okay=False), default=None, help="Where to write the subgraph .onnx."
+    "--output",
+    "-o",
+    type=click.Path(),
+    default=None,
+    help="SUB.onnx, or a folder (DIR/, or any path not ending in .onnx) that gets <module>.onnx.",
 )
 @click.option(
     "--call",
@@ -271,6 +301,7 @@ def _list_modules(model: str, hierarchy: str | None) -> None:
     show_default=True,
     help="Output format.",
 )
+@overwrite_option("-o")
 def extract_cmd(
     model: str,
     module: str | None,
@@ -279,6 +310,7 @@ def extract_cmd(
     list_only: bool,
     hierarchy: str | None,
     fmt: str,
+    overwrite: bool,
 ) -> int:
     """Cut one module out as a standalone, runnable ONNX model (inputs/outputs = its tensor boundary)."""
     import json
@@ -288,13 +320,14 @@ def extract_cmd(
         return 0
     if not module or not output:
         raise click.UsageError("extract needs --module TAG and --output SUB.onnx (or --list)")
+    plan = extract_plan(output, module, [model, hierarchy], overwrite)
     sub = extract_module_subgraph(model, hierarchy, module, call=_call(call))
-    sub.save(output)
+    path = sub.save(plan.path, overwrite=overwrite, inputs=[model, hierarchy])
     if fmt == "json":
-        click.echo(json.dumps({**sub.to_dict(), "output": output}, indent=2))
+        click.echo(json.dumps({**sub.to_dict(), "output": str(path)}, indent=2))
         return 0
     click.echo(
-        f"extracted {sub.tag} -> {output}: {len(sub.operations)} nodes, {len(sub.initializers)} initializers"
+        f"extracted {sub.tag} -> {path}: {len(sub.operations)} nodes, {len(sub.initializers)} initializers"
     )
     click.echo(f"  inputs: {', '.join(sub.external_inputs)}")
     click.echo(f"  outputs: {', '.join(sub.outputs)}")
@@ -326,14 +359,19 @@ def extract_cmd(
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default=None, help="Default text.")
 @click.option(
-    "--output", "-o", type=click.Path(dir_okay=False), default=None, help="Write to FILE (.json for json)."
+    "--output",
+    "-o",
+    type=click.Path(),
+    default=None,
+    help="Write to FILE (.json for json), or into DIR/ as profile.txt|.json.",
 )
 @click.option(
     "--node-data",
-    type=click.Path(dir_okay=False),
+    type=click.Path(),
     default=None,
     help="Also write a Model Explorer node-data overlay (.json): kernel time per node, summed per layer.",
 )
+@overwrite_option("-o and --node-data")
 @_WIDE
 def profile_cmd(
     model: str,
@@ -346,16 +384,23 @@ def profile_cmd(
     fmt: str | None,
     output: str | None,
     node_data: str | None,
+    overwrite: bool,
     wide: bool,
 ) -> int:
     """Where the time goes, per module: ORT's per-node profile joined with the hierarchy tags."""
 
+    plan, fmt = _plan("profile", output, fmt, "text", [model, inputs], overwrite)
+    node_plan = (
+        plan_output(node_data, NODE_DATA_NAME, inputs=[model, inputs], overwrite=overwrite)
+        if node_data
+        else None
+    )
     cfg = ProfileConfig(
         runs=runs, warmup=warmup, providers=ep or (), optimization=optimization, top_k=top_k, inputs=inputs
     )
     result = profile(model, cfg)
-    _emit("profile", result, fmt, output, "text", wide)
-    if node_data:
-        write_node_data(node_data, profile_overlay(model, result))
-        click.echo(f"wrote {node_data}", err=True)
+    _emit("profile", result, fmt, plan, wide)
+    if node_plan is not None:
+        write_node_data(node_plan.path, profile_overlay(model, result))
+        click.echo(f"wrote {node_plan.path}", err=True)
     return 0

@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from ..inspect.node_data import error_overlay, write_node_data
+from ..inspect.node_data import NODE_DATA_NAME, error_overlay, write_node_data
+from ..onnxfile import plan_output
 from ..optimize.config import (
     CALIBRATE_METHODS,
     FUSION_ENGINES,
@@ -21,6 +22,7 @@ from ..optimize.graph import optimize_model
 from ..optimize.package import PackageResult
 from ..optimize.quantization import quantize
 from ..runtime.session import GRAPH_LEVEL_ALIASES, GRAPH_LEVELS
+from .options import overwrite_option
 
 __all__ = ["quantize_cmd", "optimize_cmd"]
 
@@ -86,14 +88,16 @@ def quantize_summary(result: Any) -> str:
     return "\n".join(lines)
 
 
-#: -o of both commands: a file, or a folder for a package of several graphs.
+#: -o of both commands: a file, or a folder (for a package of several graphs, a folder).
 _OUTPUT = click.option(
     "-o",
     "--output",
     required=True,
     type=click.Path(),
-    help="Output .onnx file; for a multi-graph package (encoder-decoder: its manifest lists the graphs) a new "
-    "folder that gets every graph, under its exported name, and the package's files.",
+    help="FILE.onnx (its sidecar, and the package files it needs in another folder, beside it), or a folder "
+    "(DIR/, or any path not ending in .onnx) that gets model.onnx and the package files; a multi-graph package "
+    "(encoder-decoder) needs a folder and gets every graph under its exported name. Never the input, never over "
+    "an existing file without --overwrite.",
 )
 
 
@@ -208,7 +212,8 @@ _OUTPUT = click.option(
     show_default=True,
     help="Summary format.",
 )
-def quantize_cmd(model: str, output: str, preset: str | None, **opts: Any) -> int:
+@overwrite_option("-o (and --node-data)")
+def quantize_cmd(model: str, output: str, preset: str | None, overwrite: bool, **opts: Any) -> int:
     """int8-quantize MODEL; hierarchy tags, metadata and the sidecar are carried to the output.
 
     MODEL is a .onnx file or a package folder; an encoder-decoder package (three graphs) is quantized
@@ -218,15 +223,18 @@ def quantize_cmd(model: str, output: str, preset: str | None, **opts: Any) -> in
     node_data = opts.pop("node_data")
     if node_data and not opts["error_report"]:
         raise click.UsageError("--node-data writes the error report's overlay; add --error-report")
+    node_plan = (
+        plan_output(node_data, NODE_DATA_NAME, inputs=[model], overwrite=overwrite) if node_data else None
+    )
     run = {k: opts.pop(k) for k in ("eval_data", "eval_samples", "error_report")}
     opts["preprocess"] = not opts.pop("no_preprocess")
     opts["exclude_modules"] = tuple(opts["exclude_modules"])
     opts["progress"] = fmt == "text"
     base = QuantizeConfig.preset(preset) if preset else QuantizeConfig()
     config = base.with_changes(**{k: v for k, v in opts.items() if v is not None})
-    result = quantize(model, output, config, **run)
-    if node_data:
-        write_node_data(node_data, error_overlay(result.output_path, result.error_report or []))
+    result = quantize(model, output, config, overwrite=overwrite, **run)
+    if node_plan is not None:
+        write_node_data(node_plan.path, error_overlay(result.output_path, result.error_report or []))
     _print(result, fmt, quantize_summary)
     return 0
 
@@ -347,7 +355,8 @@ def optimize_summary(result: Any) -> str:
     show_default=True,
     help="Summary format.",
 )
-def optimize_cmd(model: str, output: str, fmt: str, preset: str | None, **opts: Any) -> int:
+@overwrite_option("-o")
+def optimize_cmd(model: str, output: str, fmt: str, preset: str | None, overwrite: bool, **opts: Any) -> int:
     """Optimize MODEL's graph; fused nodes are tagged with the common module of what they replaced.
 
     MODEL is a .onnx file or a package folder; an encoder-decoder package (three graphs) is optimized
@@ -355,6 +364,6 @@ def optimize_cmd(model: str, output: str, fmt: str, preset: str | None, **opts: 
     """
     base = OptimizeConfig.preset(preset) if preset else OptimizeConfig()
     config = base.with_changes(**{k: v for k, v in opts.items() if v not in (None, False)})
-    result = optimize_model(model, output, config)
+    result = optimize_model(model, output, config, overwrite=overwrite)
     _print(result, fmt, optimize_summary)
     return 0

@@ -7,7 +7,19 @@ from typing import Any
 
 import click
 
-__all__ = ["ray_engine_options"]
+__all__ = ["ray_engine_options", "overwrite_option"]
+
+
+def overwrite_option(what: str = "-o", also: str = "") -> Callable[[Any], Any]:
+    """``--overwrite`` of every command that writes (the one output rule, README "Where a command writes");
+    ``what`` names the command's output option, ``also`` adds what it means there."""
+    return click.option(
+        "--overwrite",
+        is_flag=True,
+        help=f"Replace existing files at {what}: the file named (with its sidecar) and files an earlier modelexport "
+        f"run recorded in the folder's manifest; no other file is ever replaced.{' ' + also if also else ''} "
+        "Without it nothing that exists is replaced.",
+    )
 
 
 def ray_engine_options(engine_help: str) -> Callable[[Any], Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ..train.networks import NETWORKS
+from .options import overwrite_option
 
 __all__ = ["pipeline_cmd"]
 
@@ -44,7 +45,8 @@ def _opt(name: str, **kwargs: Any) -> Any:
     "output_model",
     default="runs/pipeline",
     show_default=True,
-    help="A path ending in .onnx is the model file (package beside it); otherwise the package folder (model.onnx inside).",
+    help="A path ending in .onnx is the model file, its package beside it (in a new or empty folder, or one an "
+    "earlier run wrote); otherwise the package folder (model.onnx inside).",
 )
 @_opt(
     "tta",
@@ -129,6 +131,10 @@ def _opt(name: str, **kwargs: Any) -> Any:
     help="Search the test-time policy on the validation set (false: apply the TTA/TTT options as given).",
 )
 @_opt("report", default=None, help="Report JSON path [default: pipeline_report.json beside the model].")
+@overwrite_option(
+    "--output_model and --report",
+    "A folder's earlier package is replaced: its recorded files this run does not write are removed.",
+)
 def pipeline_cmd(**options: Any) -> int:
     """Train a classifier with DSPy, export it, quantize it, choose its test-time policy, and report."""
     from ..workflow import PipelineConfig, run_pipeline  # defers dspy and torch: --help stays light

@@ -6,6 +6,7 @@ import click
 
 from ..inspect.profile import ProfileConfig
 from ..inspect.report import ReportConfig, write_report
+from .options import overwrite_option
 
 __all__ = ["report_cmd"]
 
@@ -13,7 +14,11 @@ __all__ = ["report_cmd"]
 @click.command("report")
 @click.argument("model", type=click.Path())
 @click.option(
-    "--output", "-o", required=True, type=click.Path(dir_okay=False), help="The page to write (.html)."
+    "--output",
+    "-o",
+    required=True,
+    type=click.Path(),
+    help="The page to write (.html), or a folder (DIR/) that gets report.html.",
 )
 @click.option("--profile", "with_profile", is_flag=True, help="Add time per module (ONNX Runtime profile).")
 @click.option("--runs", type=int, default=10, show_default=True, help="With --profile: timed runs.")
@@ -44,6 +49,7 @@ __all__ = ["report_cmd"]
     help=".npz with one array per model input (default: generated).",
 )
 @click.option("--title", default=None, help="Page title (default: the model's file name).")
+@overwrite_option("-o")
 def report_cmd(
     model: str,
     output: str,
@@ -55,12 +61,13 @@ def report_cmd(
     error_report: bool,
     inputs: str | None,
     title: str | None,
+    overwrite: bool,
 ) -> int:
     """One HTML page (no network needed): module tree with nodes, parameters and boundaries; time; diffs."""
 
     profile = ProfileConfig(runs=runs, optimization=optimization, inputs=inputs) if with_profile else None
     config = ReportConfig(profile, other, numeric, error_report, inputs, title)
-    path, data = write_report(model, output, config)
+    path, data = write_report(model, output, config, overwrite=overwrite)
     parts = [f"{len(data['modules'])} modules"]
     parts += [name for name in ("profile", "compare", "error_report") if data[name]]
     click.echo(f"wrote {path} ({', '.join(parts)})")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_dir, onnx_weight_bytes, write_json, write_text
-from ..errors import ExportError, InputSpecError, TopologyMismatchError
+from .._io import onnx_weight_bytes, write_json, write_text
+from ..errors import ConfigError, ExportError, InputSpecError, TopologyMismatchError
 from ..hierarchy.scopes import scope_counts
 from ..hierarchy.sidecar import build_sidecar
 from ..hierarchy.tagger import tag_model
@@ -23,10 +24,17 @@ from ..hierarchy.tree import ModuleTree, TagRules
 from ..metadata.embed import embed_metadata_pass, package_pass
 from ..onnxfile import (
     COMPONENTS_KEY,
+    DEFAULT_MODEL_FILE,
     DEPLOYED_KEY,
     EXTERNAL_DATA_THRESHOLD,
+    PACKAGE_MANIFEST,
     VARIANTS_KEY,
+    OutputPlan,
+    output_path,
+    own_files,
+    plan_output,
     sidecar_path_for,
+    staged_output,
     variant_file,
 )
 from ..optimize.export_pass import (
@@ -38,7 +46,6 @@ from ..optimize.export_pass import (
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
 from .context import EXPORT_LOG, ExportContext, StageLog
-from .destination import PACKAGE_FILES_KEY, plan_replacement, remove_stale
 from .device import check_device, place_inputs, place_model
 from .experts import EXPERT_ROUTE, eager_experts, expert_blocks
 from .free_axes import capture_graph
@@ -54,13 +61,15 @@ from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for, runner_for
 from .report import render_export_report
 from .sentence import sentence_package_pass
-from .seq2seq import build_seq2seq_inputs, check_seq2seq_config, is_seq2seq_task
+from .seq2seq import ENCODER_FILE, SEQ2SEQ_FILES, build_seq2seq_inputs, check_seq2seq_config, is_seq2seq_task
 from .topology import compare_topology
 
-__all__ = ["ExportResult", "export", "PACKAGE_PASSES", "MODEL_FILE"]
+__all__ = ["ExportResult", "export", "PACKAGE_PASSES", "MODEL_FILE", "PACKAGE_FILES_KEY"]
 
 log = logging.getLogger(__name__)
-MODEL_FILE = "model.onnx"
+MODEL_FILE = DEFAULT_MODEL_FILE
+#: Where the sidecar's export settings list the files of the package.
+PACKAGE_FILES_KEY = "package_files"
 BF16_NOTE = (
     "bfloat16 graph: ONNX Runtime's CPU provider has no bfloat16 kernels, so parity ran on onnx's reference "
     "evaluator; serve it on a provider with bfloat16 kernels"
@@ -280,33 +289,89 @@ def export(
 
     Writes ``model.onnx`` (every node tagged) and ``model_hierarchy.json``; verifies with
     ``onnx.checker`` and ONNX Runtime vs PyTorch parity. Encoder-decoder ``*-with-past`` tasks write
-    three graphs instead (:mod:`.seq2seq`), each tagged, checked and with its sidecar. ``options`` are
-    :class:`ExportConfig` fields; ``on_stage`` is called with each stage's name as it starts (progress).
+    three graphs instead (:mod:`.seq2seq`), each tagged, checked and with its sidecar. ``output_dir``
+    follows the one output rule (:mod:`modelexport.onnxfile.output`): a folder (``out/``, or any path
+    not ending in ``.onnx``) gets the package, ``FILE.onnx`` is the model file with its package beside
+    it; existing files are replaced only with ``overwrite`` and only when an earlier run of ours wrote
+    them. ``options`` are :class:`ExportConfig` fields; ``on_stage`` is called with each stage's name as
+    it starts (progress).
     """
     cfg = (config or ExportConfig()).with_changes(**options) if options else (config or ExportConfig())
-    output_dir = Path(output_dir)
     check_device(cfg.device)
-    if is_seq2seq_task(cfg):
+    seq2seq = is_seq2seq_task(cfg)
+    if seq2seq:
         check_seq2seq_config(cfg)
-    replaced = plan_replacement(output_dir, cfg.overwrite)
-    with atomic_dir(output_dir) as staging, contextlib.ExitStack() as scope:
+    plan = _plan(model, output_dir, cfg, seq2seq)
+    with staged_output(plan) as stage, contextlib.ExitStack() as scope:
+        staging = stage.path
         stages = StageLog(on_stage=on_stage, logger=EXPORT_LOG)
-        loaded, tokenizer, graphs = _prepare(model, cfg, stages, scope)
+        loaded, tokenizer, graphs = _prepare(model, cfg, stages, plan.name, scope)
         results = []
         for file, inputs in graphs:
             log_ = stages if len(graphs) == 1 else StageLog(on_stage=on_stage, logger=EXPORT_LOG)
             ctx = ExportContext(cfg, loaded, inputs, None, staging, file, tokenizer=tokenizer, stages=log_)
             if len(graphs) > 1:
                 _package_of(ctx, [f for f, _ in graphs])
-            results.append(_export_graph(ctx, output_dir, file))
+            results.append(_export_graph(ctx, plan.folder, file))
         result = results[0] if len(results) == 1 else _combined(results, stages)
-        if replaced:
-            stale = remove_stale(output_dir, replaced, {p.name for p in staging.iterdir()})
-            result.notes.append(
-                f"replaced the earlier export's files in {output_dir}"
-                + (f"; removed those this export does not write: {', '.join(stale)}" if stale else "")
+    if stage.replaced or stage.removed:
+        result.notes.append(
+            f"--overwrite: replaced the earlier package's files in {plan.folder}"
+            + (
+                f"; removed those this export does not write: {', '.join(stage.removed)}"
+                if stage.removed
+                else ""
             )
+        )
     return result
+
+
+def _source_path(model: Any) -> str | None:
+    """The file or folder a model given as a string is read from (``file.py:factory`` -> ``file.py``)."""
+    if not isinstance(model, str | os.PathLike):
+        return None
+    text = os.fspath(model)
+    return text if Path(text).exists() or ":" not in text else text.rsplit(":", 1)[0]
+
+
+def _plan(model: Any, output: str | Path, cfg: ExportConfig, seq2seq: bool) -> OutputPlan:
+    """Where the export writes (the one output rule), checked before any work. The files it will write
+    besides the model's own are predicted here; one it could not predict is checked before it is moved."""
+    main = ENCODER_FILE if seq2seq else MODEL_FILE
+    target, _ = output_path(output, main, bare_is_folder=True)
+    graphs = list(SEQ2SEQ_FILES) if seq2seq else [target.name]
+    suffixes, _ = package_variants(cfg.optimize, cfg.quantize)
+    files = [*graphs, *(variant_file(g, s) for g in graphs for s in suffixes)]
+    package = [n for f in files for n in (f, sidecar_path_for(f).name) if n not in own_files(target.name)]
+    if cfg.embed_metadata or suffixes or seq2seq:
+        package.append(PACKAGE_MANIFEST)
+    folder_or_hub_id = isinstance(model, str | os.PathLike) and ":" not in os.fspath(model)
+    if folder_or_hub_id or hasattr(model, "config"):
+        package.append("config.json")  # a Hugging Face model
+    if cfg.processor_config:
+        package.append("preprocessor_config.json")
+    dumps = {
+        "export_report.md": cfg.with_report,
+        "fx_graph.txt": cfg.fx_graph,
+        "jit_graph.txt": cfg.jit_graph,
+    }
+    package += [name for name, wanted in dumps.items() if wanted]
+    plan = plan_output(
+        output,
+        main,
+        inputs=[_source_path(model)],
+        package=package,
+        bare_is_folder=True,
+        package_folder=True,
+        overwrite=cfg.overwrite,
+    )
+    if seq2seq and not plan.is_folder:
+        raise ConfigError(
+            f"task {cfg.task} writes {len(SEQ2SEQ_FILES)} graphs ({', '.join(SEQ2SEQ_FILES)}); the output must "
+            f"be a folder, not {plan.name}",
+            hint=f"pass a folder: {plan.path.with_suffix('')}{os.sep}",
+        )
+    return plan
 
 
 def _export_graph(ctx: ExportContext, output_dir: Path, file: str) -> ExportResult:
@@ -340,10 +405,10 @@ def _export_graph(ctx: ExportContext, output_dir: Path, file: str) -> ExportResu
 
 
 def _prepare(
-    model: Any, cfg: ExportConfig, stages: StageLog, scope: contextlib.ExitStack
+    model: Any, cfg: ExportConfig, stages: StageLog, file: str, scope: contextlib.ExitStack
 ) -> tuple[LoadedModel, Any, list[tuple[str, ExampleInputs]]]:
-    """The loaded model, its tokenizer and the graphs to write: (file name, example inputs) each; ``scope``
-    holds the model's export-time settings (restored when the export ends)."""
+    """The loaded model, its tokenizer and the graphs to write: (file name, example inputs) each; one graph
+    is written as ``file``; ``scope`` holds the model's export-time settings (restored when the export ends)."""
     with stages.stage("load", f"{cfg.dtype} on {cfg.device}") as st:
         loaded = load_model(model, cfg.library)
         place_model(loaded.module, cfg)
@@ -357,9 +422,9 @@ def _prepare(
             ]
             st["detail"] = ", ".join(f for f, _ in graphs)
         elif is_with_past(cfg):
-            graphs = [(MODEL_FILE, place_inputs(build_with_past_inputs(loaded.module, cfg), cfg))]
+            graphs = [(file, place_inputs(build_with_past_inputs(loaded.module, cfg), cfg))]
         else:
-            graphs = [(MODEL_FILE, place_inputs(build_inputs(loaded.module, cfg, tokenizer), cfg))]
+            graphs = [(file, place_inputs(build_inputs(loaded.module, cfg, tokenizer), cfg))]
     return loaded, tokenizer, graphs
 
 

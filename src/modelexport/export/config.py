@@ -213,7 +213,8 @@ class ExportConfig:
     #: Pre-processing of a plain torch model, in transformers' processor-config form
     #: (e.g. {"image_processor_type": ..., "size": ..., "image_mean": ...}); embedded in the metadata.
     processor_config: dict[str, Any] | None = None
-    #: Replace model files in the output folder that an earlier modelexport export did not write.
+    #: Replace the files an earlier run of ours wrote at the output (never another file; the one output rule,
+    #: :mod:`modelexport.onnxfile.output`).
     overwrite: bool = False
     #: How to read a model folder (:data:`~.loading.LIBRARIES`): ``auto`` exports a sentence-transformers
     #: folder as its full embedding model (token_embeddings + sentence_embedding), as Optimum does.

@@ -53,6 +53,7 @@ __all__ = [
     "ENCODER_FILE",
     "DECODER_FILE",
     "DECODER_WITH_PAST_FILE",
+    "SEQ2SEQ_FILES",
     "SEQ2SEQ_UNSUPPORTED_OPTIONS",
     "StepInputs",
     "SEQ2SEQ_TASKS",
@@ -64,6 +65,8 @@ __all__ = [
 ENCODER_FILE = "encoder_model.onnx"
 DECODER_FILE = "decoder_model.onnx"
 DECODER_WITH_PAST_FILE = "decoder_with_past_model.onnx"
+#: The package's graphs, in the order they run.
+SEQ2SEQ_FILES = (ENCODER_FILE, DECODER_FILE, DECODER_WITH_PAST_FILE)
 #: The pipelines whose ``-with-past`` export is an encoder-decoder package.
 SEQ2SEQ_TASKS = ("text2text-generation", "automatic-speech-recognition")
 #: Export options that report on or dump one graph; not offered for three graphs yet.

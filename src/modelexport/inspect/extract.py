@@ -16,16 +16,25 @@ the call count is inferred: the largest split whose slices repeat the same ops o
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ExportError, TagError
 from ..hierarchy.graph import resolve_module
-from ..onnxfile import external_tensors, load_external_tensors, save_onnx
+from ..onnxfile import OutputPlan, external_tensors, load_external_tensors, plan_output, save_onnx
 from .loading import load_tagged_model
 
-__all__ = ["ModuleSubgraph", "extract_module_subgraph", "call_instances", "module_boundary"]
+__all__ = [
+    "ModuleSubgraph",
+    "extract_module_subgraph",
+    "extract_plan",
+    "subgraph_file_name",
+    "call_instances",
+    "module_boundary",
+]
 
 
 @dataclass
@@ -45,14 +54,43 @@ class ModuleSubgraph:
     call_count: int
     model: Any = field(repr=False, default=None)
     notes: list[str] = field(default_factory=list)
+    #: The files the subgraph was cut from (the model, its sidecar): never written over.
+    sources: tuple[Path, ...] = field(repr=False, default=())
 
     def to_dict(self) -> dict[str, Any]:
-        """Everything but the model itself (JSON-ready)."""
-        return {k: v for k, v in self.__dict__.items() if k != "model"}
+        """Everything but the model itself and its sources (JSON-ready)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("model", "sources")}
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the subgraph as ONNX, atomically (with external data when its weights pass the threshold)."""
-        return save_onnx(self.model, path)
+    def save(
+        self,
+        output: str | os.PathLike[str],
+        *,
+        overwrite: bool = False,
+        inputs: Iterable[str | os.PathLike[str] | None] = (),
+    ) -> Path:
+        """Write the subgraph as ONNX, atomically (with external data when its weights pass the threshold),
+        by the one output rule (:func:`extract_plan`); returns the file written."""
+        plan = extract_plan(output, self.module_path or self.tag, [*self.sources, *inputs], overwrite)
+        return save_onnx(self.model, plan.path)
+
+
+def subgraph_file_name(module: str) -> str:
+    """The file ``extract -o DIR/`` writes: the module's last tag level or its path (``BertLayer.0.onnx``)."""
+    name = module.strip().strip("/").split("/")[-1] or "module"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) + ".onnx"
+
+
+def extract_plan(
+    output: str | os.PathLike[str],
+    module: str,
+    inputs: Iterable[str | os.PathLike[str] | None],
+    overwrite: bool = False,
+) -> OutputPlan:
+    """Where a subgraph of ``module`` goes (the one output rule, checked before any work): ``SUB.onnx``, or
+    :func:`subgraph_file_name` in a folder (``DIR/``, or any path not ending in ``.onnx``)."""
+    return plan_output(
+        output, subgraph_file_name(module), inputs=inputs, bare_is_folder=True, overwrite=overwrite
+    )
 
 
 def _slices(core: list[int], count: int) -> list[list[int]] | None:
@@ -358,4 +396,5 @@ def extract_module_subgraph(
         count,
         sub,
         notes,
+        tuple(p for p in (tm.path, tm.sidecar_path) if p is not None),
     )

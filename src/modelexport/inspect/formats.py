@@ -58,6 +58,12 @@ def render(command: str, fmt: str, result: Any, width: int | None = None) -> str
     return fit_width(text, width) if width and fmt not in MACHINE_FORMATS else text
 
 
+def file_name_for(command: str, fmt: str) -> str:
+    """The file a ``command -o DIR/`` writes in the folder: ``analyze.json``, ``compare.md``, ``profile.txt``."""
+    suffix = next((ext for ext, f in _EXTENSIONS.items() if f == fmt), ".txt")
+    return f"{command}{suffix}"
+
+
 def format_for_path(command: str, path: str, default: str) -> str:
     """The format an output file's extension asks for (``.json`` -> json), if the command has it."""
     from pathlib import Path

@@ -19,7 +19,11 @@ from ..errors import ConfigError
 from .loading import load_tagged_model
 from .profile import ProfileResult
 
+#: The overlay's file name in a folder given as ``--node-data DIR/``.
+NODE_DATA_NAME = "node_data.json"
+
 __all__ = [
+    "NODE_DATA_NAME",
     "GRADIENT",
     "adapter_node_ids",
     "error_overlay",

@@ -21,6 +21,7 @@ from .._io import write_text
 from .._version import __version__
 from ..errors import ConfigError
 from ..inference.feeds import SampleSet
+from ..onnxfile import plan_output
 from ..optimize.evaluate import module_error_report
 from ..runtime.session import create_session
 from .analyze import Analysis, analyze_model
@@ -30,8 +31,10 @@ from .inputs import generate_inputs, load_npz_inputs
 from .loading import TaggedModel, load_tagged_model
 from .profile import ProfileConfig, profile
 
-__all__ = ["ReportConfig", "build_report_data", "render_report", "write_report"]
+__all__ = ["REPORT_FILE", "ReportConfig", "build_report_data", "render_report", "write_report"]
 
+#: The page ``report -o DIR/`` writes in the folder.
+REPORT_FILE = "report.html"
 _ASSETS = "report_assets"
 #: Generated input batches the error report runs when no ``inputs`` file is given.
 _ERROR_SAMPLES = 4
@@ -207,10 +210,18 @@ def render_report(data: dict[str, Any]) -> str:
 
 
 def write_report(
-    model: Any, output: str | os.PathLike[str], config: ReportConfig | None = None
+    model: Any, output: str | os.PathLike[str], config: ReportConfig | None = None, *, overwrite: bool = False
 ) -> tuple[Path, dict[str, Any]]:
-    """Build the data, render the page and write it atomically; returns (path, data)."""
-    if Path(output).suffix.lower() not in (".html", ".htm"):
+    """Build the data, render the page and write it atomically; returns (path, data).
+
+    ``output`` follows the one output rule (:mod:`modelexport.onnxfile.output`): ``PAGE.html``, or a folder
+    that gets ``report.html``; checked before any work, never over an input, nor over an existing file
+    without ``overwrite``.
+    """
+    cfg = config or ReportConfig()
+    sources = [model if isinstance(model, str | os.PathLike) else None, cfg.compare, cfg.inputs]
+    plan = plan_output(output, REPORT_FILE, inputs=sources, overwrite=overwrite)
+    if plan.path.suffix.lower() not in (".html", ".htm"):
         raise ConfigError(f"the report is an HTML page; give an output ending in .html, got {output}")
     data = build_report_data(model, config)
-    return write_text(output, render_report(data)), data
+    return write_text(plan.path, render_report(data)), data

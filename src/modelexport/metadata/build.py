@@ -23,21 +23,10 @@ __all__ = [
     "processor_section",
     "complete_processor_config",
     "graph_io",
-    "PROCESSOR_FILES",
 ]
 
 log = logging.getLogger(__name__)
 
-#: Processor files transformers reads from a model folder (besides a tokenizer's own vocab files).
-PROCESSOR_FILES = (
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.json",
-    "added_tokens.json",
-    "preprocessor_config.json",
-    "processor_config.json",
-    "chat_template.jinja",
-)
 _TOKENIZER_KEYS = (
     "do_lower_case",
     "model_max_length",

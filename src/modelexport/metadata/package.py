@@ -12,8 +12,8 @@ from typing import Any
 
 from .._io import write_json
 from ..errors import MetadataError
-from ..onnxfile import COMPONENTS_KEY, DEPLOYED_KEY, PACKAGE_MANIFEST, VARIANTS_KEY
-from .build import PROCESSOR_FILES, complete_processor_config
+from ..onnxfile import COMPONENTS_KEY, DEPLOYED_KEY, PACKAGE_MANIFEST, PROCESSOR_FILES, VARIANTS_KEY
+from .build import complete_processor_config
 
 __all__ = ["safe_join", "write_package_files", "processor_file_names"]
 _PREPROCESSOR_FILE = "preprocessor_config.json"

@@ -1,4 +1,5 @@
-"""ONNX files on disk, one implementation each: which file a path means, loading with typed errors, the sidecar.
+"""ONNX files on disk, one implementation each: which file a path means, loading with typed errors, the sidecar,
+and where a command writes (the one output rule, :mod:`.output`).
 
 The lowest layer of modelexport beside ``errors`` and ``_io``: every area (metadata, runtime, inference,
 inspect, optimize, test-time, pipeline, CLI) resolves, loads and reads through these functions.
@@ -7,13 +8,30 @@ inspect, optimize, test-time, pipeline, CLI) resolves, loads and reads through t
 from __future__ import annotations
 
 from .load import check_external_locations, load_onnx, load_structure
+from .output import (
+    GRAPH_FILE_SUFFIXES,
+    MODEL_SUFFIX,
+    PACKAGE_FILES,
+    PROCESSOR_FILES,
+    OutputPlan,
+    Staging,
+    is_package_file,
+    output_path,
+    own_files,
+    plan_output,
+    recorded_files,
+    staged_output,
+    write_output_text,
+)
 from .resolve import (
     COMPONENTS_KEY,
     DEFAULT_MODEL_FILE,
     DEPLOYED_KEY,
     PACKAGE_MANIFEST,
     VARIANTS_KEY,
+    WRITTEN_KEY,
     component_names,
+    folder_model,
     package_components,
     read_manifest,
     record_deployed_model,
@@ -33,6 +51,20 @@ from .sidecar import SIDECAR_SUFFIX, load_sidecar, read_sidecar, sidecar_path_fo
 
 __all__ = [
     "COMPONENTS_KEY",
+    "GRAPH_FILE_SUFFIXES",
+    "MODEL_SUFFIX",
+    "PACKAGE_FILES",
+    "PROCESSOR_FILES",
+    "WRITTEN_KEY",
+    "OutputPlan",
+    "Staging",
+    "is_package_file",
+    "output_path",
+    "own_files",
+    "plan_output",
+    "recorded_files",
+    "staged_output",
+    "write_output_text",
     "DEFAULT_MODEL_FILE",
     "DEPLOYED_KEY",
     "EXTERNAL_DATA_THRESHOLD",
@@ -42,6 +74,7 @@ __all__ = [
     "check_external_locations",
     "component_names",
     "external_tensors",
+    "folder_model",
     "load_external_tensors",
     "load_onnx",
     "load_sidecar",

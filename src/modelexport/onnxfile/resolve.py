@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 from .._io import read_json_object, write_json
@@ -27,11 +28,13 @@ __all__ = [
     "DEPLOYED_KEY",
     "COMPONENTS_KEY",
     "VARIANTS_KEY",
+    "WRITTEN_KEY",
     "component_names",
     "package_components",
     "variant_file",
     "write_derived_manifest",
     "resolve_model_path",
+    "folder_model",
     "read_manifest",
     "record_deployed_model",
 ]
@@ -46,6 +49,8 @@ DEPLOYED_KEY = "deployed_model"
 COMPONENTS_KEY = "components"
 #: The manifest's transformed copies of those graphs: {suffix ("O2", "dynamic"): {role: file name}}.
 VARIANTS_KEY = "variants"
+#: The manifest's list of the files in its folder that runs of ours wrote (what ``--overwrite`` may replace).
+WRITTEN_KEY = "written"
 
 
 def variant_file(model_file: str, suffix: str) -> str:
@@ -156,6 +161,15 @@ def _in_folder(folder: Path) -> tuple[Path, str]:
     )
 
 
+def folder_model(folder: str | os.PathLike[str]) -> Path | None:
+    """The ``.onnx`` file a package folder means (as :func:`resolve_model_path`, not logged); None when the
+    folder means none or several."""
+    try:
+        return _in_folder(Path(folder))[0]
+    except OnnxFileError:
+        return None
+
+
 def resolve_model_path(model: str | os.PathLike[str]) -> Path:
     """The ``.onnx`` file ``model`` means (a file, or a package folder: see the module docstring)."""
     path = Path(model)
@@ -180,11 +194,17 @@ def record_deployed_model(folder: Path, model_file: str) -> None:
     write_json(folder / PACKAGE_MANIFEST, manifest)
 
 
-def write_derived_manifest(src_dir: Path, dst_dir: Path, components: dict[str, str]) -> Path:
-    """The manifest of a package made from ``src_dir``'s (each graph transformed into ``dst_dir``): the
-    source's metadata, ``components`` as its graphs, no variants or deployed model, the files now present."""
-    manifest = {k: v for k, v in read_manifest(src_dir).items() if k not in (DEPLOYED_KEY, VARIANTS_KEY)}
-    manifest[COMPONENTS_KEY] = components
+def write_derived_manifest(
+    src_dir: Path, dst_dir: Path, components: dict[str, str] | None, copied: Iterable[str] = ()
+) -> Path:
+    """The manifest of a package made from ``src_dir``'s (its graphs transformed into ``dst_dir``): the
+    source's metadata, ``components`` as its graphs (a multi-graph package), no variants or deployed model,
+    and as its files those listed or ``copied`` that are now present."""
+    drop = (DEPLOYED_KEY, VARIANTS_KEY, COMPONENTS_KEY, WRITTEN_KEY)
+    manifest = {k: v for k, v in read_manifest(src_dir).items() if k not in drop}
+    if components:
+        manifest[COMPONENTS_KEY] = components
     listed = manifest.get("files") if isinstance(manifest.get("files"), list) else []
-    manifest["files"] = sorted({str(n) for n in listed} & {p.name for p in dst_dir.iterdir()})
+    names = {str(n) for n in listed} | set(copied)
+    manifest["files"] = sorted(names & {p.name for p in dst_dir.iterdir()})
     return write_json(dst_dir / PACKAGE_MANIFEST, manifest)

@@ -3,26 +3,41 @@
 ONNX Runtime's quantizers and optimizer write a new ModelProto without the input's
 ``metadata_props``; users then lose the task, labels and processor settings. These passes copy
 them over, record the transform (``modelexport.quantization`` / ``modelexport.optimization``) and
-write a sidecar beside the output whose node map describes the new graph.
+write a sidecar beside the output whose node map describes the new graph. Where a transform writes follows
+the one output rule (:func:`transform_plan`, :mod:`modelexport.onnxfile.output`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._io import atomic_path, write_json
+from .._io import write_json
 from .._version import __version__
 from ..hierarchy.passes import PassResult
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
 from ..metadata import read_metadata, update_metadata
-from ..metadata.build import PROCESSOR_FILES
 from ..metadata.package import safe_join
-from ..onnxfile import SIDECAR_SUFFIX, read_manifest, read_sidecar, save_onnx, sidecar_path_for
+from ..onnxfile import (
+    DEFAULT_MODEL_FILE,
+    GRAPH_FILE_SUFFIXES,
+    PACKAGE_FILES,
+    PACKAGE_MANIFEST,
+    OutputPlan,
+    output_path,
+    plan_output,
+    read_manifest,
+    read_sidecar,
+    save_onnx,
+    sidecar_path_for,
+    write_derived_manifest,
+)
 
 if TYPE_CHECKING:
     import onnx
@@ -33,7 +48,8 @@ __all__ = [
     "model_metadata",
     "remap_sidecar",
     "write_sidecar",
-    "PACKAGE_FILES",
+    "package_file_names",
+    "transform_plan",
     "copy_package_files",
     "write_transformed",
 ]
@@ -119,51 +135,83 @@ def write_sidecar(
     return write_json(sidecar_path_for(onnx_path), remap_sidecar(sidecar, model, transform))
 
 
-#: Package files a transformed model needs beside it when the manifest does not list them: the config
-#: (Optimum reads it) and the processor files (the pipelines and calibration read them).
-PACKAGE_FILES = (
-    "config.json",
-    "generation_config.json",
-    *PROCESSOR_FILES,
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-)
-#: Names a manifest lists that belong to one graph, never copied as a package file: each transform writes its own.
-_GRAPH_FILE_SUFFIXES = (".onnx", ".onnx.data", ".onnx_data", SIDECAR_SUFFIX)
+def _same_file(a: Path, b: Path) -> bool:
+    return b.is_file() and a.stat().st_size == b.stat().st_size and a.read_bytes() == b.read_bytes()
 
 
-def copy_package_files(src_dir: Path, dst_dir: Path) -> list[str]:
-    """Copy the source package's config and processor files into another folder, never overwriting.
-
-    The names come from the source manifest's file list (what export wrote), else :data:`PACKAGE_FILES`;
-    graph files and their sidecars are not package files (a multi-graph manifest lists them).
-    """
+def package_file_names(src_dir: Path, dst_dir: Path, *, whole: bool = True) -> list[str]:
+    """The source package's config and processor files a transformed model written into ``dst_dir`` needs
+    beside it: none in the source's own folder; else those of the source manifest's file list (what export
+    wrote), else of :data:`~modelexport.onnxfile.PACKAGE_FILES`, that are present. Graph files and their
+    sidecars are not package files (a multi-graph manifest lists them): each transform writes its own.
+    Unless ``whole`` (a new package), a file already in ``dst_dir`` with the same bytes is not written again
+    (a second transform of the same package into one folder)."""
     if src_dir.resolve() == dst_dir.resolve():
         return []
     listed = read_manifest(src_dir).get("files")
     names = [n for n in listed if isinstance(n, str)] if isinstance(listed, list) else list(PACKAGE_FILES)
+    names = [n for n in names if not n.endswith(GRAPH_FILE_SUFFIXES) and safe_join(src_dir, n).is_file()]
+    if whole:
+        return names
+    return [n for n in names if not _same_file(safe_join(src_dir, n), safe_join(dst_dir, n))]
+
+
+def transform_plan(
+    src: Path,
+    output: str | os.PathLike[str],
+    *,
+    inputs: Iterable[str | os.PathLike[str] | None] = (),
+    overwrite: bool = False,
+) -> OutputPlan:
+    """The output plan of a one-graph transform of ``src`` (the one rule, :func:`plan_output`): the model,
+    and beside it in another folder the source's package files and a manifest (in a folder that has none)."""
+    target, is_folder = output_path(output, DEFAULT_MODEL_FILE, bare_is_folder=True)
+    package = package_file_names(src.parent, target.parent, whole=is_folder)
+    if package and (is_folder or not (target.parent / PACKAGE_MANIFEST).exists()):
+        package.append(PACKAGE_MANIFEST)
+    return plan_output(
+        output,
+        DEFAULT_MODEL_FILE,
+        inputs=(src, *inputs),
+        package=package,
+        bare_is_folder=True,
+        package_folder=True,
+        overwrite=overwrite,
+    )
+
+
+def copy_package_files(src_dir: Path, dst_dir: Path, names: Iterable[str]) -> list[str]:
+    """Copy the package files ``names`` (from :func:`package_file_names`) into ``dst_dir`` (a staging folder);
+    the manifest is derived, not copied."""
     copied = []
     for name in names:
-        source, target = safe_join(src_dir, name), safe_join(dst_dir, name)
-        if source.is_file() and not name.endswith(_GRAPH_FILE_SUFFIXES) and not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(target) as tmp:
-                shutil.copyfile(source, tmp)
-            copied.append(name)
+        if name == PACKAGE_MANIFEST:
+            continue
+        target = safe_join(dst_dir, name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(safe_join(src_dir, name), target)
+        copied.append(name)
     return copied
 
 
 def write_transformed(
-    model: onnx.ModelProto, src: Path, dst: Path, transform: dict[str, Any]
+    model: onnx.ModelProto,
+    src: Path,
+    dst: Path,
+    transform: dict[str, Any],
+    package: Iterable[str] = (),
 ) -> tuple[Path | None, list[str]]:
-    """Write a transformed model as a package: files it needs, its re-mapped sidecar, then the model last.
+    """Write a transformed model into ``dst`` (in a staging folder): its re-mapped sidecar, the ``package``
+    files copied from the source's folder (with a manifest derived from the source's when ``package`` names
+    one), then the model.
 
-    The source sidecar is read before anything is written (a broken one fails with nothing on disk), and
-    the model file, the one that makes the output look complete, is renamed into place last.
+    The source sidecar is read before anything is written (a broken one fails with nothing on disk).
     """
     sidecar = read_sidecar(src)
-    copied = copy_package_files(src.parent, dst.parent)
+    package = list(package)
+    copied = copy_package_files(src.parent, dst.parent, package)
+    if PACKAGE_MANIFEST in package:
+        write_derived_manifest(src.parent, dst.parent, None, copied)
     side = write_sidecar(sidecar, model, dst, transform)
     save_onnx(model, dst)
     return side, copied

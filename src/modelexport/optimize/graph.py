@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, OptimizationError
 from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
-from ..onnxfile import load_onnx, resolve_model_path, save_onnx
+from ..onnxfile import load_onnx, resolve_model_path, save_onnx, staged_output
 from ..runtime.session import create_session
-from .carry import CarryMetadata, model_metadata, write_transformed
+from .carry import CarryMetadata, model_metadata, transform_plan, write_transformed
 from .config import OptimizeConfig
 from .fusion import fuse_for_ort, ort_fusion_needed
-from .package import PackageResult, check_output_file, is_multi_graph, transform_package
+from .package import PackageResult, is_multi_graph, transform_package
 from .retag import Retagged, tag_coverage
 from .skip_norm import split_skip_layer_norms
 
@@ -277,22 +277,13 @@ def op_changes(before: onnx.ModelProto, after: onnx.ModelProto) -> dict[str, int
     return {op: b[op] - a[op] for op in sorted(set(a) | set(b)) if a[op] != b[op]}
 
 
-def optimize_model(
-    model_path: str | Path, output_path: str | Path, config: OptimizeConfig | None = None, **options: Any
-) -> OptimizeResult | PackageResult:
-    """Optimize ``model_path`` into ``output_path`` (atomic); tags, metadata and sidecar carried over.
-
-    ``options`` are :class:`OptimizeConfig` fields. A multi-graph package folder is optimized graph by graph
-    into the folder ``output_path`` (:mod:`.package`).
-    """
-    cfg = (config or OptimizeConfig()).with_changes(**options)
-    if is_multi_graph(model_path):
-        return transform_package(model_path, output_path, "optimize", lambda s, d: optimize_model(s, d, cfg))
-    src, dst = resolve_model_path(model_path), Path(output_path)
-    check_output_file(src, dst)
+def _optimize_file(
+    src: Path, dst: Path, cfg: OptimizeConfig, package: tuple[str, ...] = ()
+) -> OptimizeResult:
+    """Optimize the graph file ``src`` into ``dst`` (in a staging folder), with ``package`` files copied."""
     model = load_onnx(src)
     optimized, records, keys = optimize_with_record(model, cfg)
-    sidecar, copied = write_transformed(optimized, src, dst, {"kind": "optimize", **cfg.record()})
+    sidecar, copied = write_transformed(optimized, src, dst, {"kind": "optimize", **cfg.record()}, package)
     return OptimizeResult(
         src,
         dst,
@@ -306,3 +297,33 @@ def optimize_model(
         keys,
         copied,
     )
+
+
+def optimize_model(
+    model_path: str | Path,
+    output_path: str | Path,
+    config: OptimizeConfig | None = None,
+    *,
+    overwrite: bool = False,
+    **options: Any,
+) -> OptimizeResult | PackageResult:
+    """Optimize ``model_path`` into ``output_path`` (atomic); tags, metadata and sidecar carried over.
+
+    ``output_path`` follows the one output rule (:mod:`modelexport.onnxfile.output`): ``FILE.onnx``, or a
+    folder (``model.onnx`` and the package files inside); an existing file is replaced only with
+    ``overwrite``, and only when an earlier run of ours wrote it. ``options`` are :class:`OptimizeConfig`
+    fields. A multi-graph package folder is optimized graph by graph into the folder ``output_path``
+    (:mod:`.package`).
+    """
+    cfg = (config or OptimizeConfig()).with_changes(**options)
+    if is_multi_graph(model_path):
+        return transform_package(
+            model_path, output_path, "optimize", lambda s, d: _optimize_file(s, d, cfg), overwrite=overwrite
+        )
+    src = resolve_model_path(model_path)
+    plan = transform_plan(src, output_path, inputs=(model_path,), overwrite=overwrite)
+    with staged_output(plan) as stage:
+        result = _optimize_file(src, stage.path / plan.name, cfg, plan.package)
+    result.output_path = plan.path
+    result.sidecar_path = plan.folder / result.sidecar_path.name if result.sidecar_path else None
+    return result

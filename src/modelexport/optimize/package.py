@@ -1,12 +1,13 @@
 """Quantize or optimize every graph of a multi-graph package (an encoder-decoder's three graphs) into a new one.
 
-``modelexport quantize FOLDER -o OUTDIR`` on a package whose manifest lists ``components`` runs the same
+``modelexport quantize FOLDER -o OUTDIR/`` on a package whose manifest lists ``components`` runs the same
 per-file transform on each graph (the set the folder deploys: an ``export --optimize`` package's optimized
 graphs) and writes a complete package into ``OUTDIR``: each graph under its exported name
 (``encoder_model.onnx``, ...: Optimum's defaults, so ``ORTModelForSeq2SeqLM.from_pretrained(OUTDIR)`` loads
 it), its sidecar, the config, processor and generation files, and a manifest naming the graphs. As
-``optimum-cli onnxruntime quantize --onnx_model FOLDER`` quantizes every model of a folder. Nothing is
-written unless every graph succeeds (one staging folder, moved into place at the end).
+``optimum-cli onnxruntime quantize --onnx_model FOLDER`` quantizes every model of a folder. The output
+follows the one output rule (:mod:`modelexport.onnxfile.output`): nothing is written unless every graph
+succeeds (one staging folder, moved into place at the end).
 """
 
 from __future__ import annotations
@@ -17,24 +18,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._io import atomic_dir
-from ..errors import ConfigError, OutputWriteError
-from ..onnxfile import component_names, package_components, write_derived_manifest
+from ..errors import ConfigError
+from ..onnxfile import (
+    PACKAGE_MANIFEST,
+    OutputPlan,
+    component_names,
+    package_components,
+    plan_output,
+    sidecar_path_for,
+    staged_output,
+    write_derived_manifest,
+)
+from .carry import copy_package_files, package_file_names
 
-__all__ = ["PackageResult", "is_multi_graph", "check_output_file", "transform_package"]
+__all__ = ["PackageResult", "is_multi_graph", "transform_package"]
 
 
 def is_multi_graph(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a package folder whose manifest lists several graphs."""
     return Path(path).is_dir() and bool(component_names(path))
-
-
-def check_output_file(src: Path, dst: Path) -> None:
-    """A one-graph transform writes a file, never over its input nor onto a folder."""
-    if src.resolve() == dst.resolve():
-        raise ConfigError(f"output {dst} would overwrite the input model", hint="choose another -o path")
-    if dst.is_dir():
-        raise ConfigError(f"output {dst} is a folder; {src.name} is one graph", hint="pass -o PATH.onnx")
 
 
 @dataclass
@@ -57,24 +59,30 @@ class PackageResult:
         }
 
 
-def _check_output_dir(src: Path, dst: Path, names: dict[str, str]) -> None:
-    graphs = ", ".join(names.values())
-    if dst.resolve() == src.resolve():
+def _plan(
+    src: Path, output_dir: str | os.PathLike[str], names: dict[str, str], overwrite: bool
+) -> OutputPlan:
+    """The package's output plan: every graph, its sidecar, the package files and the manifest, in a folder."""
+    first = next(iter(names.values()))
+    graphs = [n for name in names.values() for n in (name, sidecar_path_for(name).name)]
+    target = Path(output_dir)
+    package = [*graphs[1:], *package_file_names(src, target), PACKAGE_MANIFEST]
+    plan = plan_output(
+        output_dir,
+        first,
+        inputs=[src, *package_components(src).values()],
+        package=package,
+        bare_is_folder=True,
+        package_folder=True,
+        overwrite=overwrite,
+    )
+    if not plan.is_folder:
         raise ConfigError(
-            f"output {dst} is the input package; its graphs would be overwritten",
-            hint="choose a new folder, or export with --optimize/--quantize to write copies beside the graphs",
+            f"{src} is a package of {len(names)} graphs ({', '.join(names.values())}); -o must name a folder, "
+            f"not {target.name}",
+            hint=f"pass -o OUTDIR/, or one graph file ({src / first}) to transform it alone",
         )
-    if dst.suffix == ".onnx" or dst.is_file():
-        raise ConfigError(
-            f"{src} is a package of {len(names)} graphs ({graphs}); -o must name a folder, not {dst.name}",
-            hint=f"pass -o OUTDIR, or one graph file ({src / next(iter(names.values()))}) to transform it alone",
-        )
-    present = sorted(p.name for p in dst.glob("*.onnx")) if dst.is_dir() else []
-    if present:
-        raise OutputWriteError(
-            f"{dst} already holds model files: {', '.join(present)}",
-            hint="choose an empty or new output folder",
-        )
+    return plan
 
 
 def _moved(result: Any, staging: Path, dst: Path) -> Any:
@@ -91,14 +99,20 @@ def transform_package(
     output_dir: str | os.PathLike[str],
     kind: str,
     run: Callable[[Path, Path], Any],
+    *,
+    overwrite: bool = False,
 ) -> PackageResult:
-    """``run(graph file, output file)`` on every graph of the package in ``folder``; a package in ``output_dir``."""
-    src, dst = Path(folder), Path(output_dir)
+    """``run(graph file, output file)`` on every graph of the package in ``folder``; a package in ``output_dir``
+    (a folder by the one output rule; ``overwrite`` replaces an earlier package of ours there)."""
+    src = Path(folder)
     names = component_names(src)
-    _check_output_dir(src, dst, names)
+    plan = _plan(src, output_dir, names, overwrite)
     graphs = package_components(src)  # the set the folder deploys
-    with atomic_dir(dst) as staging:
+    with staged_output(plan) as stage:
+        staging = stage.path
         results = {role: run(file, staging / names[role]) for role, file in graphs.items()}
+        copy_package_files(src, staging, package_file_names(src, plan.folder))
         write_derived_manifest(src, staging, names)
         files = sorted(p.name for p in staging.iterdir())
+    dst = plan.folder
     return PackageResult(src, dst, kind, {r: _moved(v, staging, dst) for r, v in results.items()}, files)

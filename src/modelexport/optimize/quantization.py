@@ -45,9 +45,10 @@ from ..onnxfile import (
     package_components,
     resolve_model_path,
     save_onnx,
+    staged_output,
 )
 from .calibration import calibration_reader, load_samples
-from .carry import CarryMetadata, write_transformed
+from .carry import CarryMetadata, transform_plan, write_transformed
 from .config import (
     CALIBRATE_METHODS,
     QUANT_MODES,
@@ -57,7 +58,7 @@ from .config import (
     register_mode,
 )
 from .evaluate import compare_models, module_error_report
-from .package import PackageResult, check_output_file, is_multi_graph, transform_package
+from .package import PackageResult, is_multi_graph, transform_package
 from .retag import Retagged, tag_coverage
 
 if TYPE_CHECKING:
@@ -556,23 +557,48 @@ def quantize(
     eval_data: str | Path | None = None,
     eval_samples: int = 200,
     error_report: bool = False,
+    overwrite: bool = False,
     **options: Any,
 ) -> QuantizeResult | PackageResult:
     """Quantize ``model_path`` to ``output_path``; tags, metadata and sidecar are carried over.
 
-    ``options`` are :class:`QuantizeConfig` fields. Static mode calibrates on ``samples`` or on
-    ``config.calibration_data``. ``eval_data`` adds fp32-vs-int8 agreement/accuracy and latency;
-    ``error_report`` adds per-module output errors on the calibration (or eval) samples. A multi-graph
-    package folder is quantized graph by graph into the folder ``output_path`` (:mod:`.package`).
+    ``output_path`` follows the one output rule (:mod:`modelexport.onnxfile.output`): ``FILE.onnx``, or a
+    folder (``model.onnx`` and the package files inside); an existing file is replaced only with
+    ``overwrite``, and only when an earlier run of ours wrote it. ``options`` are :class:`QuantizeConfig`
+    fields. Static mode calibrates on ``samples`` or on ``config.calibration_data``. ``eval_data`` adds
+    fp32-vs-int8 agreement/accuracy and latency; ``error_report`` adds per-module output errors on the
+    calibration (or eval) samples. A multi-graph package folder is quantized graph by graph into the folder
+    ``output_path`` (:mod:`.package`).
     """
     cfg = (config or QuantizeConfig()).with_changes(**options) if options else (config or QuantizeConfig())
     check_samples("eval_samples", eval_samples)
     if is_multi_graph(model_path):
         uses_data = samples is not None or bool(cfg.calibration_data or eval_data or error_report)
-        return _quantize_package(model_path, output_path, cfg, uses_data)
+        return _quantize_package(model_path, output_path, cfg, uses_data, overwrite)
+    src = resolve_model_path(model_path)
+    inputs = (model_path, cfg.calibration_data, eval_data)
+    plan = transform_plan(src, output_path, inputs=inputs, overwrite=overwrite)
+    with staged_output(plan) as stage:
+        result = _quantize_file(
+            src, stage.path / plan.name, cfg, samples, eval_data, eval_samples, error_report, plan.package
+        )
+    result.output_path = plan.path
+    result.sidecar_path = plan.folder / result.sidecar_path.name if result.sidecar_path else None
+    return result
+
+
+def _quantize_file(
+    src: Path,
+    dst: Path,
+    cfg: QuantizeConfig,
+    samples: SampleSet | None = None,
+    eval_data: str | Path | None = None,
+    eval_samples: int = 200,
+    error_report: bool = False,
+    package: tuple[str, ...] = (),
+) -> QuantizeResult:
+    """Quantize the graph file ``src`` into ``dst`` (in a staging folder), with ``package`` files copied."""
     start = time.perf_counter()
-    src, dst = resolve_model_path(model_path), Path(output_path)
-    check_output_file(src, dst)
     model = load_onnx(src, external_data=False)  # weights stored as external data stay on disk (> 2 GB)
     if samples is None and cfg.calibration_data:
         samples = load_samples(
@@ -601,9 +627,8 @@ def quantize(
     if eval_data is not None or error_report:  # the evaluations run the fp32 model from memory
         load_external_tensors(model, src.parent)
     _evaluate(result, model, quantized, samples, eval_data, eval_samples, error_report)
-    # written only now: a failed evaluation (bad --eval-data, bad --eval-samples) leaves nothing behind
     result.sidecar_path, copied = write_transformed(
-        quantized, src, dst, {"kind": "quantize", **facts["record"]}
+        quantized, src, dst, {"kind": "quantize", **facts["record"]}, package
     )
     result.size_after = model_bytes(dst)
     if copied:
@@ -613,7 +638,7 @@ def quantize(
 
 
 def _quantize_package(
-    folder: str | Path, output_dir: str | Path, cfg: QuantizeConfig, uses_data: bool
+    folder: str | Path, output_dir: str | Path, cfg: QuantizeConfig, uses_data: bool, overwrite: bool
 ) -> PackageResult:
     """Every graph of a multi-graph package, dynamic int8, into a new package folder."""
     names = ", ".join(p.name for p in package_components(folder).values())
@@ -634,7 +659,8 @@ def _quantize_package(
         folder,
         output_dir,
         "quantize",
-        lambda src, dst: quantize(src, dst, cfg.with_changes(exclude_modules=exclude[src.name])),
+        lambda src, dst: _quantize_file(src, dst, cfg.with_changes(exclude_modules=exclude[src.name])),
+        overwrite=overwrite,
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from .._config import split_names
 from ..data import BUILTINS, Dataset
 from ..errors import ConfigError
+from ..onnxfile import DEFAULT_MODEL_FILE, output_path
 from ..optimize.quantization import QUANT_MODES
 from ..runtime.session import resolve_providers
 from ..train.networks import NETWORKS, default_base_model
@@ -50,6 +51,9 @@ class PipelineConfig:
     report: str | None = None
     progress: bool = True
     max_length: int = 128
+    #: Replace existing files at ``output_model`` and ``report``: the file named and those an earlier run of ours
+    #: recorded (never another file; the one output rule, :mod:`modelexport.onnxfile.output`).
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         spec = NETWORKS.get(self.model_type)
@@ -116,13 +120,6 @@ class PipelineConfig:
             raise ConfigError(
                 f"base model folder not found: {base}", hint="pass a local Hugging Face folder or a hub id"
             )
-        out = Path(self.output_model)
-        if out.suffix != ".onnx" and out.is_file():
-            raise ConfigError(
-                f"--output_model {out} is an existing file; give a folder or a path ending in .onnx"
-            )
-        if self.package_dir.is_file():
-            raise ConfigError(f"the output folder {self.package_dir} is an existing file")
         if self.report and Path(self.report).is_dir():
             raise ConfigError(f"--report {self.report} is a folder; give a .json file path")
 
@@ -130,13 +127,12 @@ class PipelineConfig:
 
     @property
     def package_dir(self) -> Path:
-        out = Path(self.output_model)
-        return out.parent if out.suffix == ".onnx" else out
+        return self.model_file.parent
 
     @property
     def model_file(self) -> Path:
-        out = Path(self.output_model)
-        return out if out.suffix == ".onnx" else out / "model.onnx"
+        """``--output_model``'s model file by the one output rule: ``NAME.onnx``, or ``model.onnx`` in a folder."""
+        return output_path(self.output_model, DEFAULT_MODEL_FILE, bare_is_folder=True)[0]
 
     @property
     def quantized_file(self) -> Path | None:
@@ -147,6 +143,10 @@ class PipelineConfig:
     @property
     def report_file(self) -> Path:
         return Path(self.report) if self.report else self.package_dir / REPORT_NAME
+
+    def report_inside(self) -> bool:
+        """Whether the report is a file of the package (staged with it)."""
+        return self.report_file.resolve().parent == self.package_dir.resolve()
 
     def search_space(self) -> PolicySearchSpace:
         return PolicySearchSpace(

@@ -22,7 +22,7 @@ from ..inference.feeds import SampleSet, dataset_samples
 from ..inference.processors import ONNXAutoProcessor
 from ..metadata import write_metadata
 from ..metadata.schema import KEY_TEST_TIME_POLICY
-from ..onnxfile import record_deployed_model
+from ..onnxfile import record_deployed_model, staged_output
 from ..optimize.quantization import quantize
 from ..runtime.session import available_providers, resolve_providers
 from ..testtime.policy import TestTimePolicy
@@ -32,14 +32,7 @@ from ..train.program import ClassifierProgram, to_examples
 from ..train.weights import TorchWeightOptimizer, TrainingSummary
 from .config import PipelineConfig, PipelineResult
 from .report import check_report, config_table, report_table
-from .steps import (
-    export_network,
-    latency_stats,
-    load_pipeline_data,
-    network_options,
-    rename_model,
-    staged_package,
-)
+from .steps import export_network, latency_stats, load_pipeline_data, network_options, output_plans
 
 __all__ = ["PipelineRun", "run_pipeline"]
 
@@ -67,24 +60,26 @@ class PipelineRun:
     def run(self, dataset: Dataset | None = None) -> PipelineResult:
         started = time.perf_counter()
         cfg = self.cfg
+        plan, report_plan = output_plans(cfg)  # refused here, before any work, when it would replace a file
         full, train, val = load_pipeline_data(cfg, dataset)
         self.console.print(config_table(self._summary_rows(full, train, val)))
         self.say(
             "data", f"{full.describe()}; train {len(train)}, val {len(val)} (stratified, seed {cfg.seed})"
         )
         program = self._train(train, val)
-        with staged_package(cfg) as staging:
+        with staged_output(plan) as stage:
+            staging = stage.path
             export_result = self._export(program.network, staging)
             fp32 = staging / cfg.model_file.name
             deployed, quant = self._quantize(program, fp32, staging, train, val)
             test_time = self._policy(program, deployed, fp32, val)
             inference = self._inference(program, val)
             report = self._report(program, export_result, fp32, quant, test_time, inference)
-            if self._report_inside():
+            if report_plan is None:
                 write_json(staging / cfg.report_file.name, report)
             record_deployed_model(staging, (cfg.quantized_file or cfg.model_file).name)
-        if not self._report_inside():
-            write_json(cfg.report_file, report)
+        if report_plan is not None:
+            write_json(report_plan.path, report)
         final = cfg.quantized_file or cfg.model_file
         program.deploy(final, cfg.ep, program.policy)  # the staging copy is gone; serve the final file
         seconds = time.perf_counter() - started
@@ -102,9 +97,6 @@ class PipelineRun:
             seconds,
             self.details,
         )
-
-    def _report_inside(self) -> bool:
-        return self.cfg.report_file.resolve().parent == self.cfg.package_dir.resolve()
 
     def _summary_rows(self, full: Dataset, train: Dataset, val: Dataset) -> dict[str, Any]:
         cfg = self.cfg
@@ -160,8 +152,9 @@ class PipelineRun:
 
     def _export(self, network: Network, staging: Path) -> Any:
         self.say("export", "hierarchy-tagged ONNX with metadata (labels, pre-processing), parity-checked")
-        result = export_network(network, staging, keep_batchnorm=bool(self.cfg.ttt))
-        rename_model(staging, self.cfg.model_file.name)
+        result = export_network(
+            network, staging / self.cfg.model_file.name, keep_batchnorm=bool(self.cfg.ttt)
+        )
         worst = max((result.parity or {}).get("max_abs_diff", {}).values(), default=None)
         self.say(
             "export",

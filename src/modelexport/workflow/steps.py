@@ -1,23 +1,20 @@
-"""The pipeline's shared steps: staging the package, exporting the trained network, data and latency."""
+"""The pipeline's shared steps: where it writes, exporting the trained network, data and latency."""
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from .._io import atomic_dir
 from ..data import Dataset, load_dataset
 from ..export.api import ExportResult, export
+from ..onnxfile import PACKAGE_MANIFEST, OutputPlan, own_files, plan_output, sidecar_path_for
 from ..train.networks import Network, NetworkOptions
-from .config import PipelineConfig
+from .config import REPORT_NAME, PipelineConfig
 
 __all__ = [
-    "staged_package",
-    "rename_model",
+    "output_plans",
     "export_network",
     "latency_stats",
     "load_pipeline_data",
@@ -25,31 +22,40 @@ __all__ = [
 ]
 
 
-@contextmanager
-def staged_package(cfg: PipelineConfig) -> Iterator[Path]:
-    """A staging folder moved onto the package folder on success (nothing written on failure)."""
-    with atomic_dir(cfg.package_dir) as staging:
-        yield staging
+def output_plans(cfg: PipelineConfig) -> tuple[OutputPlan, OutputPlan | None]:
+    """Where the run writes (the one output rule), checked before any work: the package (the model, its
+    int8 copy, the manifest and the report) and, with ``--report`` outside it, the report file."""
+    model = cfg.model_file.name
+    package = [PACKAGE_MANIFEST]
+    if cfg.quantized_file is not None:
+        package += [cfg.quantized_file.name, sidecar_path_for(cfg.quantized_file).name]
+    inside = cfg.report_inside()
+    if inside:
+        package.append(cfg.report_file.name)
+    inputs = (cfg.dataset_path, cfg.base_model)
+    plan = plan_output(
+        cfg.output_model,
+        model,
+        inputs=inputs,
+        package=[n for n in package if n not in own_files(model)],
+        bare_is_folder=True,
+        package_folder=True,
+        overwrite=cfg.overwrite,
+    )
+    report = (
+        None if inside else plan_output(cfg.report_file, REPORT_NAME, inputs=inputs, overwrite=cfg.overwrite)
+    )
+    return plan, report
 
 
-def rename_model(staging: Path, target_name: str) -> None:
-    """``model.onnx`` -> ``NAME.onnx`` (and its sidecar) when ``--output_model`` names the file."""
-    if target_name == "model.onnx":
-        return
-    stem = Path(target_name).stem
-    (staging / "model.onnx").rename(staging / target_name)
-    side = staging / "model_hierarchy.json"
-    if side.exists():
-        side.rename(staging / f"{stem}_hierarchy.json")
-
-
-def export_network(network: Network, staging: Path, keep_batchnorm: bool) -> ExportResult:
-    """Export the trained network into ``staging`` (HF folder or plain module, with labels and processor)."""
+def export_network(network: Network, output: Path, keep_batchnorm: bool) -> ExportResult:
+    """Export the trained network to ``output`` (a folder, or the model file in a staging folder), as an
+    HF folder or a plain module, with labels and processor."""
     with tempfile.TemporaryDirectory(prefix="modelexport-train-") as tmp:
         source, options = network.export_source(Path(tmp))
         if keep_batchnorm:
             options["keep_batchnorm"] = True
-        return export(source, staging, **options)
+        return export(source, output, **options)
 
 
 def latency_stats(times_ms: list[float], examples: int) -> dict[str, float]:
