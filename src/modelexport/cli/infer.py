@@ -40,7 +40,12 @@ def _inputs(
     return list(given[0][0]), given[0][1]
 
 
-def _check_modality(pipe: Any, kind: str) -> None:
+def _check_modality(pipe: Any, kind: str, question: str | None = None) -> None:
+    if question is not None and pipe.task != "question-answering":
+        raise ConfigError(
+            f"--question is for question-answering models; this model's task is {pipe.task}",
+            hint="leave --question out, or give a question-answering model",
+        )
     wanted = getattr(getattr(pipe, "processor", None), "modality", "")
     if wanted in _OPTION_FOR and wanted != kind:
         raise ConfigError(
@@ -299,7 +304,7 @@ def _check_generation_options(
 )
 @click.option(
     "--top-k",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Labels per input for classification tasks; for text generation, sample from the k best tokens.",
 )
@@ -344,7 +349,7 @@ def infer_cmd(
     start = time.perf_counter()
     pipe = pipeline(task, model, providers=providers, batch_size=batch_size)
     load_ms = (time.perf_counter() - start) * 1000
-    _check_modality(pipe, kind)
+    _check_modality(pipe, kind, question)
     _check_speech_options(pipe, prompt)
     _check_generation_options(pipe, generation, streaming=not as_json and len(items) == 1, kwargs=kwargs)
     start = time.perf_counter()

@@ -363,7 +363,7 @@ def optimize_cmd(model: str, output: str, fmt: str, preset: str | None, overwrit
     graph by graph into the folder -o, a complete package.
     """
     base = OptimizeConfig.preset(preset) if preset else OptimizeConfig()
-    config = base.with_changes(**{k: v for k, v in opts.items() if v not in (None, False)})
+    config = base.with_changes(**{k: v for k, v in opts.items() if v is not None and v is not False})
     result = optimize_model(model, output, config, overwrite=overwrite)
     _print(result, fmt, optimize_summary)
     return 0

@@ -87,8 +87,10 @@ class InputSpec:
             raise InputSpecError(
                 f"input {self.name!r}: 'shape' must be a list of at most {_MAX_RANK} integers, got {shape!r}"
             )
-        if any(d < 0 for d in shape):
-            raise InputSpecError(f"input {self.name!r}: shape dimensions must be >= 0, got {list(shape)}")
+        if any(d < 1 for d in shape):
+            raise InputSpecError(
+                f"input {self.name!r}: shape dimensions must be >= 1 (the example input is run), got {list(shape)}"
+            )
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
         if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:
             raise InputSpecError(
@@ -179,7 +181,15 @@ def load_input_specs(source: str | Path | dict[str, Any] | list[Any]) -> tuple[I
         raise InputSpecError(
             'input specs must be {"inputs": [{"name": ..., "shape": [...], "dtype": ...}, ...]}'
         )
-    return tuple(s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in data)
+    specs = tuple(s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in data)
+    names = [s.name for s in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputSpecError(
+            f"input spec names must be unique: {', '.join(repr(n) for n in twice)} given more than once",
+            hint="name each input once (the names become the ONNX graph's input names)",
+        )
+    return specs
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..errors import InvalidModelError
+
 __all__ = [
+    "MAX_TAG_CHARS",
+    "MAX_TAG_DEPTH",
+    "node_tag",
     "NAMESPACE_KEY",
     "TAG_KEY",
     "TAG_SOURCE_KEY",
@@ -30,6 +35,10 @@ TAG_SOURCE_KEY = "modelexport.tag_source"  # "scope" | "propagated" | "inherited
 NAMESPACE_KEY = "namespace"
 _SEGMENT = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*"
 TAG_PATTERN = re.compile(rf"^(?:/{_SEGMENT})+$")
+#: Bounds on a tag read from a file. Real module trees are a few to a few dozen levels deep; a tag past these
+#: was written outside modelexport, and refusing it keeps every command on tags linear in the model's size.
+MAX_TAG_DEPTH = 256
+MAX_TAG_CHARS = 16_384
 
 
 def parse_tag(tag: str) -> list[str]:
@@ -68,13 +77,27 @@ def _props(node: Any) -> dict[str, str]:
     return {p.key: p.value for p in node.metadata_props}
 
 
+def node_tag(node: Any, index: int | None = None) -> str | None:
+    """``node``'s hierarchy tag (None when it has none), refused past :data:`MAX_TAG_DEPTH` levels or
+    :data:`MAX_TAG_CHARS` characters (``index``: the node's position, for the message)."""
+    tag = next((p.value for p in node.metadata_props if p.key == TAG_KEY), None) or None
+    if tag is not None and (len(tag) > MAX_TAG_CHARS or tag.count("/") > MAX_TAG_DEPTH):
+        where = node_key(node, index) if index is not None else node.name or node.op_type
+        raise InvalidModelError(
+            f"node {where[:80]!r} has a hierarchy tag of {tag.count('/'):,} levels and {len(tag):,} characters"
+            f" (at most {MAX_TAG_DEPTH} levels and {MAX_TAG_CHARS:,} characters)",
+            hint="the tag was written outside modelexport: re-export the model",
+        )
+    return tag
+
+
 def read_node_tags(model: Any) -> dict[str, dict[str, str | None]]:
     """Node key -> {tag, source, op_type} for the main graph, read from node metadata."""
     out: dict[str, dict[str, str | None]] = {}
     for i, node in enumerate(model.graph.node):
         props = _props(node)
         out[node_key(node, i)] = {
-            "tag": props.get(TAG_KEY),
+            "tag": node_tag(node, i),
             "source": props.get(TAG_SOURCE_KEY),
             "op_type": node.op_type,
         }

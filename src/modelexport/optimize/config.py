@@ -158,6 +158,17 @@ class QuantizeConfig:
         return data
 
 
+def _check_fusion_model_type(name: str) -> None:
+    """``name`` must be one of ONNX Runtime's transformer-optimizer families (its own ``MODEL_TYPES``)."""
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    if name not in MODEL_TYPES:
+        raise ConfigError(
+            f"model_type must be one of ONNX Runtime's fusion families ({', '.join(sorted(MODEL_TYPES))}),"
+            f" got {name[:80]!r}"
+        )
+
+
 @dataclass(frozen=True)
 class OptimizeConfig:
     """Which graph passes to run, in this order: transformer fusion, ORT level, fp16, simplify."""
@@ -184,6 +195,8 @@ class OptimizeConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
+        if self.model_type is not None:
+            _check_fusion_model_type(self.model_type)
         if self.approximate_gelu and not self.transformer_fusion:
             raise ConfigError(
                 "approximate_gelu is a transformer fusion option",

@@ -83,10 +83,19 @@ def _canonical(name: str) -> str:
     key = name.strip()
     if key.lower() in PROVIDER_ALIASES:
         return PROVIDER_ALIASES[key.lower()]
-    if key.endswith("ExecutionProvider"):
-        return key
-    known = sorted(set(PROVIDER_ALIASES) | set(PROVIDER_ALIASES.values()))
-    raise ConfigError(f"unknown execution provider {name!r}; valid names: {', '.join(known)}")
+    if key.endswith("ExecutionProvider") and key in _all_providers():
+        return key  # one ONNX Runtime knows, whether or not this build has it (the fallback skips those)
+    raise ConfigError(
+        f"unknown execution provider {name[:80]!r}; valid: {', '.join(sorted(PROVIDER_ALIASES))}",
+        hint="or a full name that onnxruntime.get_all_providers() lists, e.g. CUDAExecutionProvider",
+    )
+
+
+def _all_providers() -> set[str]:
+    """Every provider name ONNX Runtime knows (available in this build or not)."""
+    import onnxruntime as ort
+
+    return set(ort.get_all_providers())
 
 
 def resolve_providers(
@@ -253,6 +262,11 @@ def create_session(
             continue
         info = SessionInfo(list(cfg.providers), order[: i + 1], skipped, errors, list(sess.get_providers()))
         return sess, info
-    if isinstance(model, str):
-        raise OnnxFileError(f"ONNX Runtime cannot load {model}: {errors.get(CPU, 'unknown error')}")
+    if CPU in errors:  # the CPU provider is always there: it failing means the model, not a provider
+        what = model if isinstance(model, str) else "the model"
+        reason = errors[CPU].splitlines()[0].replace("[ONNXRuntimeError] : ", "")
+        raise OnnxFileError(
+            f"ONNX Runtime cannot load {what}: {reason[:400]}",
+            hint="check it with `modelexport validate MODEL`; re-export it if it was edited or truncated",
+        )
     raise ProviderError(f"no execution provider could create a session: {errors}")

@@ -20,6 +20,7 @@ import dspy
 import numpy as np
 from dspy.teleprompt import Teleprompter
 
+from .._numeric import MAX_SEED, is_seed
 from ..errors import ConfigError, TrainingError
 from .program import ClassifierProgram, label_accuracy
 
@@ -75,6 +76,7 @@ class TrainConfig:
                 ">= 1",
             ),
             ("train_eval_limit", self.train_eval_limit >= 1, ">= 1"),
+            ("seed", is_seed(self.seed), f"an integer in [0, {MAX_SEED:,}]"),
         ]
         for name, ok, valid in checks:
             if not ok:
