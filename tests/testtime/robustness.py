@@ -34,18 +34,31 @@ CORRUPTED = tuple((name, s) for name in ("gaussian_noise", "contrast", "blur") f
 ORDERS = ("shuffle", "class-sorted", "dirichlet:0.1")
 #: Continual running statistics: the source counts as 64 examples, momentum 0.05 per batch of 64, outputs
 #: reweighted by the recent label distribution (the bn-stream and sar presets).
-STREAM = {"bn_prior": 64.0, "momentum": 0.05, "episodic": False, "prior_correction": True}
+STREAM = {
+    "statistics": "batch",
+    "bn_prior": 64.0,
+    "momentum": 0.05,
+    "episodic": False,
+    "prior_correction": True,
+}
+BATCH = {"statistics": "batch", "episodic": True}
 #: method -> {mode: policy}; mode "episodic" (reset per batch) or "continual" (one stream).
 METHODS: dict[str, dict[str, TestTimePolicy]] = {
     "none": {"episodic": TestTimePolicy()},
-    "bn": {"episodic": TestTimePolicy(ttt="bn"), "continual": TestTimePolicy(ttt="bn", episodic=False)},
+    "bn": {
+        "episodic": TestTimePolicy(ttt="bn", **BATCH),
+        "continual": TestTimePolicy(ttt="bn", statistics="batch"),
+    },
     #: Exact BN without the label-shift guard: the issue's failure, for reference.
-    "bn-unguarded": {"episodic": TestTimePolicy(ttt="bn", label_shift_alpha=0.0)},
-    "bn-prior": {"episodic": TestTimePolicy(ttt="bn", bn_prior=128.0)},
+    "bn-unguarded": {"episodic": TestTimePolicy(ttt="bn", label_shift_alpha=0.0, **BATCH)},
+    "bn-prior": {"episodic": TestTimePolicy(ttt="bn", bn_prior=128.0, **BATCH)},
     "bn-stream": {"continual": TestTimePolicy(ttt="bn", **STREAM)},
-    "tent": {"episodic": TestTimePolicy(ttt="tent"), "continual": TestTimePolicy(ttt="tent", episodic=False)},
+    "tent": {
+        "episodic": TestTimePolicy(ttt="tent", **BATCH),
+        "continual": TestTimePolicy(ttt="tent", statistics="batch"),
+    },
     "sar": {
-        "episodic": TestTimePolicy(ttt="sar", bn_prior=128.0),
+        "episodic": TestTimePolicy(ttt="sar", bn_prior=128.0, **BATCH),
         "continual": TestTimePolicy(ttt="sar", **STREAM),
     },
 }
