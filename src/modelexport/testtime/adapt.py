@@ -195,10 +195,10 @@ class BNAdapter:
         pseudo-examples, the others ``deep_strength``."""
         mean = np.concatenate([self.source_state[x.mean] for x in self.layers]).astype(np.float64)
         var = np.concatenate([self.source_state[x.var] for x in self.layers]).astype(np.float64)
-        strength = np.empty_like(mean)
+        strength, deep = np.empty_like(mean), np.empty(len(mean), bool)
         for part, stem in zip(self.channels, self.stem, strict=True):
-            strength[part] = stem_strength if stem else deep_strength
-        return StatisticsPrior(mean, var, strength)
+            strength[part], deep[part] = (stem_strength if stem else deep_strength), not stem
+        return StatisticsPrior(mean, var, strength, deep)
 
     def statistics_feeds(
         self, mean: np.ndarray | None, var: np.ndarray | None, batch_weight: float

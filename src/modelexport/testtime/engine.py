@@ -280,7 +280,7 @@ class TestTimeEngine:
         count = bank.size if bank is not None else 0
         weight = n / (n + count + self.policy.stem_prior)
         if count:
-            mean, var = prior.blend(bank.moments(), count)  # type: ignore[union-attr]
+            mean, var = prior.blend(bank)  # type: ignore[arg-type]
             state = adapter.statistics_feeds(mean, var, weight)
         else:
             state = adapter.statistics_feeds(None, None, weight)
@@ -302,7 +302,8 @@ class TestTimeEngine:
             classes = _classes(logits)
             if continual:
                 if bank is None:
-                    bank = stream.bank = StatisticsMemory(p.memory_size, stats.shape[1])
+                    classes_out = logits.shape[1] if logits.ndim == 2 and logits.shape[1] > 1 else 1
+                    bank = stream.bank = StatisticsMemory(p.memory_size, stats.shape[1], classes_out)
                 bank.add(stats, classes)
                 stream.batches += 1
                 stream.seen += n
@@ -320,7 +321,8 @@ class TestTimeEngine:
         one pass, its step on the BN scale/bias under the statistics of that pass, and a pass with them."""
         adapter, p = self.adapter, self.policy
         assert adapter is not None
-        step = ADAPTATION_METHODS.get(p.ttt).step
+        method = ADAPTATION_METHODS.get(p.ttt)
+        step = method.step if len(feeds[self.input_name]) >= method.min_batch else None
         extra = [t for i in adapter.mixed for t in mixed_statistics(i)] if step else []
         logits, stats, mixed = adapter.run_with_statistics(feeds, state, self.output_name, extra)
         if step is None:

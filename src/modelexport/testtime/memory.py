@@ -63,12 +63,16 @@ class StatisticsMemory:
 
     capacity: int
     width: int
+    #: Classes the keys come from (the model's outputs; 1 for a non-classifier: one key).
+    num_classes: int = 1
     stats: np.ndarray = field(init=False, repr=False)
     classes: np.ndarray = field(init=False, repr=False)
     ages: np.ndarray = field(init=False, repr=False)
     size: int = 0
     #: Examples ever added (the age of the newest).
     clock: int = 0
+    #: Distinct classes among the entries.
+    distinct: int = 0
     _total: np.ndarray = field(init=False, repr=False)
     _updates: int = 0
     #: Class -> its entries' slots, oldest first (built when one example at a time arrives).
@@ -98,6 +102,7 @@ class StatisticsMemory:
         self.stats[: self.size], self.classes[: self.size], self.ages[: self.size] = rows, cls, age
         self._total = rows.sum(axis=0)
         self._slots = None
+        self.distinct = int(np.count_nonzero(np.bincount(cls)))
 
     def _replace_one(self, row: np.ndarray, label: int) -> None:
         """A full memory takes one example: it replaces the oldest entry of its own class when that class is
@@ -117,6 +122,7 @@ class StatisticsMemory:
         if not slots[victim]:
             del slots[victim]
         slots.setdefault(label, deque()).append(j)
+        self.distinct = len(slots)
         self.clock += 1
         self._total += row - self.stats[j]
         self.stats[j], self.classes[j], self.ages[j] = row, label, self.clock
@@ -128,25 +134,37 @@ class StatisticsMemory:
         """The mean row over the entries (zeros when empty)."""
         return self._total / self.size if self.size else self._total.copy()
 
+    @property
+    def coverage(self) -> float:
+        """The share of the classes a full memory could hold that it holds: 1 once it covers
+        ``min(num_classes, capacity)`` classes."""
+        return min(1.0, self.distinct / min(self.num_classes, self.capacity)) if self.size else 0.0
+
 
 class StatisticsPrior:
-    """The source BN statistics as vectors over every BN channel (layers in graph order) and each channel's
-    strength in pseudo-examples; :meth:`blend` mixes them with a memory's moments."""
+    """The source BN statistics as vectors over every BN channel (layers in graph order), each channel's
+    strength in pseudo-examples, and which channels are deep; :meth:`blend` mixes them with a memory."""
 
-    def __init__(self, mean: np.ndarray, var: np.ndarray, strength: np.ndarray) -> None:
+    def __init__(self, mean: np.ndarray, var: np.ndarray, strength: np.ndarray, deep: np.ndarray) -> None:
         self.mean, self.var, self.strength = mean, var, strength
         #: Means, then mean squares: the moments a memory keeps.
         self.moments = np.concatenate([mean, var + mean * mean])
         self._strength = np.concatenate([strength, strength])
-        self._weights: dict[int, np.ndarray] = {}
+        self._deep = np.concatenate([deep, deep])
+        self._weights: dict[tuple[int, int], np.ndarray] = {}
 
-    def blend(self, moments: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
-        """(mean, var) of the mixture of two distributions: the source with weight ``strength``, the ``count``
-        examples whose moments (means then mean squares, 2 S values) are given with weight ``count``."""
-        w = self._weights.get(count)
+    def blend(self, memory: StatisticsMemory) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, var) of the mixture of two distributions: the source with weight ``strength`` and the
+        memory's examples with weight their count -- in deep channels their count times the memory's class
+        ``coverage``: class-specific features are estimated from the classes seen so far only, so a stream
+        that has shown two classes moves them little (a class-sorted stream), one that has shown all of them
+        fully."""
+        key = (memory.size, memory.distinct)
+        w = self._weights.get(key)
         if w is None:
-            w = self._weights[count] = count / (count + self._strength)
-        mixed = self.moments + w * (moments - self.moments)
+            count = np.where(self._deep, memory.size * memory.coverage, memory.size)
+            w = self._weights[key] = count / (count + self._strength)
+        mixed = self.moments + w * (memory.moments() - self.moments)
         s = len(self.mean)
         mean = mixed[:s]
         return mean, np.maximum(mixed[s:] - mean * mean, 0.0)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .registry import Registry
 from .sar import sar_adapt
-from .streams import Stream
+from .streams import MIN_BATCH, Stream
 from .tent import tent_adapt, tent_step
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ class AdaptationMethod:
     description: str
     adapt: AdaptFn | None = None
     step: StepFn | None = None
+    #: Fewest examples a batch needs for ``step`` (smaller batches: the statistics alone).
+    min_batch: int = 1
 
     def __str__(self) -> str:
         return self.description
@@ -135,7 +137,11 @@ ADAPTATION_METHODS.add(
 ADAPTATION_METHODS.add(
     "tent",
     AdaptationMethod(
-        "entropy minimisation of the BN affine parameters (Tent) under the BN statistics", _tent, _tent_step
+        "entropy minimisation of the BN affine parameters (Tent) under the BN statistics (batches of 16 or "
+        "more: one example's entropy is minimised by any confident class)",
+        _tent,
+        _tent_step,
+        min_batch=MIN_BATCH,
     ),
 )
 ADAPTATION_METHODS.add(

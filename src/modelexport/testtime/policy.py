@@ -86,8 +86,9 @@ class TestTimePolicy:
     #: take the current batch's own statistics.
     stem_prior: float = 8.0
     #: memory: the source statistics' weight, in examples, in the deeper BN layers (memory only, never the
-    #: batch itself: a class-sorted batch must not normalise its own class-specific features).
-    deep_prior: float = 256.0
+    #: batch itself: a class-sorted batch must not normalise its own class-specific features; the memory
+    #: counts there in proportion to the classes it covers).
+    deep_prior: float = 512.0
     #: batch statistics: passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
     #: Tent / sar: gradient steps per batch (None: 1, as in the paper).
     ttt_iterations: int | None = None
