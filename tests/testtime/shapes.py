@@ -85,7 +85,10 @@ def load_shapes_data(n_train: int = 3000, n_test: int = 1000, seed: int = 0) -> 
     y_train = np.arange(n_train) % len(SHAPES)
     y_test = np.arange(n_test) % len(SHAPES)
     return ShapesData(
-        render_shapes(y_train, seed), y_train.astype(np.int64), render_shapes(y_test, seed + 1), y_test.astype(np.int64)
+        render_shapes(y_train, seed),
+        y_train.astype(np.int64),
+        render_shapes(y_test, seed + 1),
+        y_test.astype(np.int64),
     )
 
 
