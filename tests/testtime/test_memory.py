@@ -72,7 +72,7 @@ def test_memory_keeps_every_class_its_share_and_the_newest() -> None:
 @pytest.mark.must
 def test_blend_is_the_mixture_with_the_source_and_deep_layers_weigh_coverage(digits_export: Any) -> None:
     adapter = BNAdapter(digits_export.onnx_path)
-    prior = adapter.prior(8.0, 512.0)
+    prior = adapter.prior(8.0, 32.0)
     width = 2 * len(prior.mean)
     memory = StatisticsMemory(64, width, 10)
     rng = np.random.default_rng(0)
@@ -82,7 +82,7 @@ def test_blend_is_the_mixture_with_the_source_and_deep_layers_weigh_coverage(dig
     mean, var = prior.blend(memory)
     m, q = memory.moments()[: len(prior.mean)], memory.moments()[len(prior.mean) :]
     stem = adapter.channels[0]
-    for part, count, strength in ((stem, 16, 8.0), (adapter.channels[1], 16 * 0.2, 512.0)):
+    for part, count, strength in ((stem, 16, 8.0), (adapter.channels[1], 16 * 0.2**2, 32.0)):
         w = count / (count + strength)
         src_m, src_v = prior.mean[part], prior.var[part]
         want_mean = (1 - w) * src_m + w * m[part]
@@ -170,10 +170,14 @@ def test_a_collapsing_stream_is_reset_and_served_by_the_source(digits_export: An
 
 
 @pytest.mark.sanity
-def test_tent_steps_only_on_batches_it_can_learn_from(digits_export: Any, digits: Any) -> None:
-    """One example's entropy is minimised by any confident class: below MIN_BATCH Tent is BN's statistics."""
+@pytest.mark.parametrize("method", ["tent", "sar"])
+def test_gradient_methods_step_only_on_batches_they_can_learn_from(
+    digits_export: Any, digits: Any, method: str
+) -> None:
+    """One example's entropy is minimised by any confident class: below MIN_BATCH the gradient methods are
+    BN's statistics alone."""
     x = corrupt(digits.x_test[:24], "contrast", 3)
-    bn, tent = (TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt=t)) for t in ("bn", "tent"))
+    bn, tent = (TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt=t)) for t in ("bn", method))
     streams = [e.new_stream() for e in (bn, tent)]
     for i in range(len(x)):
         a, b = (e.predict({"x": x[i : i + 1]}, s) for e, s in zip((bn, tent), streams, strict=True))

@@ -103,7 +103,7 @@ def _table(result: Any) -> str:
 @click.option(
     "--deep-prior",
     type=click.FloatRange(0, None),
-    default=512.0,
+    default=32.0,
     show_default=True,
     help="--statistics memory: the source statistics' weight (examples) in the deeper BN layers.",
 )

@@ -155,14 +155,14 @@ class StatisticsPrior:
 
     def blend(self, memory: StatisticsMemory) -> tuple[np.ndarray, np.ndarray]:
         """(mean, var) of the mixture of two distributions: the source with weight ``strength`` and the
-        memory's examples with weight their count -- in deep channels their count times the memory's class
-        ``coverage``: class-specific features are estimated from the classes seen so far only, so a stream
-        that has shown two classes moves them little (a class-sorted stream), one that has shown all of them
-        fully."""
+        memory's examples with weight their count -- in deep channels their count times the square of the
+        memory's class ``coverage``: class-specific features are estimated from the classes seen so far only,
+        so a memory of two classes out of ten counts 4% of its examples there (a class-sorted stream), one of
+        all classes fully."""
         key = (memory.size, memory.distinct)
         w = self._weights.get(key)
         if w is None:
-            count = np.where(self._deep, memory.size * memory.coverage, memory.size)
+            count = np.where(self._deep, memory.size * memory.coverage**2, memory.size)
             w = self._weights[key] = count / (count + self._strength)
         mixed = self.moments + w * (memory.moments() - self.moments)
         s = len(self.mean)

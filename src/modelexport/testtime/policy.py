@@ -87,8 +87,8 @@ class TestTimePolicy:
     stem_prior: float = 8.0
     #: memory: the source statistics' weight, in examples, in the deeper BN layers (memory only, never the
     #: batch itself: a class-sorted batch must not normalise its own class-specific features; the memory
-    #: counts there in proportion to the classes it covers).
-    deep_prior: float = 512.0
+    #: counts there by the square of the share of the classes it covers).
+    deep_prior: float = 32.0
     #: batch statistics: passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
     #: Tent / sar: gradient steps per batch (None: 1, as in the paper).
     ttt_iterations: int | None = None
