@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from modelexport.errors import TestTimeError
-from modelexport.testtime import POLICY_PRESETS, BNAdapter, TestTimeEngine, TestTimePolicy
+from modelexport.testtime import POLICY_PRESETS, STATISTICS, BNAdapter, TestTimeEngine, TestTimePolicy
 from modelexport.testtime.adapt import channel_stats
 from modelexport.testtime.corruptions import corrupt
 from modelexport.testtime.graph import SAMPLE_STATS, mix_weight, mixed_statistics
@@ -204,3 +204,16 @@ def test_memory_bn_meets_the_targets_on_a_held_out_severity(digits_export: Any, 
         assert (acc - shifted_plain) / lost >= target, (batch, acc)
         for order in ("class-sorted", "dirichlet:0.03"):
             assert run_stream(engine, engine.policy, x, y, order, batch)[0] >= clean_plain - 0.01
+
+
+@pytest.mark.sanity
+@pytest.mark.parametrize("statistics", list(STATISTICS))
+def test_every_statistics_source_adapts_a_shifted_batch(
+    digits_export: Any, digits: Any, statistics: str
+) -> None:
+    x = corrupt(digits.x_test[:64], "contrast", 3)
+    engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn", statistics=statistics))
+    plain = TestTimeEngine(digits_export.onnx_path).predict({"x": x}).argmax(1)
+    adapted = engine.predict({"x": x}, engine.new_stream()).argmax(1)
+    y = digits.y_test[:64]
+    assert (adapted == y).mean() > (plain == y).mean() + 0.5
