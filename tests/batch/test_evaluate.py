@@ -56,8 +56,9 @@ def test_ray_evaluate_matches_local_with_and_without_tta(
 
 @pytest.mark.smoke
 def test_ray_evaluate_refuses_a_continual_stream(cnn_export: Any, digit_folder: Path) -> None:
-    with pytest.raises(ConfigError, match="--stream"):
-        evaluate_batch(cnn_export.output_dir, digit_folder, TestTimePolicy(episodic=False), engine="ray")
+    with pytest.raises(ConfigError, match="continual adaptation") as info:
+        evaluate_batch(cnn_export.output_dir, digit_folder, TestTimePolicy(ttt="bn"), engine="ray")
+    assert "--episodic" in info.value.hint
     with pytest.raises(ConfigError, match="num_workers"):
         evaluate_batch(cnn_export.output_dir, digit_folder, engine="ray", num_workers=0)
 

@@ -94,9 +94,9 @@ def test_momentum_blends_with_the_source(digits_export: Any, digits: Any) -> Non
 @pytest.mark.sanity
 def test_streams_keep_state_only_when_not_episodic(digits_export: Any, digits: Any) -> None:
     x1, x2 = digits.x_test[:32], np.clip(digits.x_test[32:64] * 0.5, 0, 1)
-    episodic = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
+    episodic = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn", episodic=True))
     stream_engine = TestTimeEngine(
-        digits_export.onnx_path, TestTimePolicy(ttt="bn", episodic=False, momentum=0.5)
+        digits_export.onnx_path, TestTimePolicy(ttt="bn", statistics="batch", momentum=0.5)
     )
     s1, s2 = stream_engine.new_stream(), stream_engine.new_stream()
     stream_engine.predict({"x": x1}, s1)

@@ -242,7 +242,7 @@ def evaluate(
                 batch_size=batch_size,
                 policy=pol.to_dict(),
                 order=str(order),
-                stream=not pol.episodic,
+                stream=pol.continual,
                 provider=engine.session_info.provider,
                 model=str(path),
                 **measured,

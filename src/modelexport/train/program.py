@@ -76,6 +76,8 @@ class OnnxBackend:
         self.policy = policy or TestTimePolicy()
         self.providers = tuple(providers or ())
         self.engine = TestTimeEngine(self.model_path, self.policy, self.providers)
+        #: One stream per deployment: a continual policy adapts along every batch this backend predicts.
+        self.stream = self.engine.new_stream()
 
     @property
     def provider(self) -> str:
@@ -84,7 +86,7 @@ class OnnxBackend:
     def __call__(self, inputs: Sequence[Any]) -> np.ndarray:
         if self.engine.modality == "text" and self.policy.tta_transforms:
             return self.engine.predict_texts(list(inputs), lambda texts: self.network.encode(texts))
-        return self.engine.predict(self._feeds(inputs))
+        return self.engine.predict(self._feeds(inputs), self.stream)
 
     def _feeds(self, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
         feeds = self.network.encode(inputs)
