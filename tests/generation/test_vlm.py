@@ -28,6 +28,7 @@ from modelexport.export.vlm import build_vlm_inputs
 from modelexport.hierarchy.tags import TAG_KEY
 from modelexport.inference import pipeline
 from modelexport.inference.multimodal import POSITION_SCHEMES, synthetic_image
+from modelexport.inspect.report import build_report_data
 from modelexport.metadata.schema import KEY_GENERATION, KEY_TASK
 from modelexport.metadata.store import read_metadata
 from modelexport.onnxfile import read_manifest, resolve_model_path, sidecar_path_for
@@ -316,6 +317,24 @@ def test_export_optimize_and_quantize_write_every_graph(
     assert o2.model_path.name == "vision_encoder_O2.onnx"
     settings = o2.settings(max_new_tokens=8)
     np.testing.assert_array_equal(o2.generate_from(feeds, settings), fp32.generate_from(feeds, settings))
+
+
+def test_profile_and_report_show_every_graph(
+    vlm_packages: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = vlm_packages.export("qwen2_vl")  # an image grid and its patches: inputs no generator can make
+    assert main(["profile", str(out), "--runs", "1", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert list(doc["components"]) == ["vision_encoder", "embed_tokens", "decoder"]
+    assert doc["inputs"] == "the package pipeline's inputs"
+    assert all(r["kernel_us"] > 0 and r["modules"] for r in doc["components"].values())
+    assert any("Qwen2VLDecoderLayer.1" in m["tag"] for m in doc["components"]["decoder"]["modules"])
+    assert main(["report", str(out), "-o", str(tmp_path / "report.html"), "--profile", "--runs", "1"]) == 0
+    data = build_report_data(str(out))
+    assert [c["role"] for c in data["components"]] == ["vision_encoder", "embed_tokens", "decoder"]
+    assert all(c["tagged_pct"] == 100.0 and c["nodes"] for c in data["components"])
+    page = (tmp_path / "report.html").read_text()
+    assert "decoder_model_merged.onnx" in page and "wall_us" in page
 
 
 # ---------------------------------------------------------------------------------- fast family smoke

@@ -32,6 +32,7 @@ from ..multimodal import (
     merge_image_features,
     next_positions,
     precomputed_inputs,
+    synthetic_image,
     vision_items,
 )
 from ..processors.vision_text import ONNXVisionTextProcessor
@@ -235,6 +236,31 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         )
 
     # ------------------------------------------------------------------------------------ public
+    def component_feeds(
+        self, image: Any = None, text: str = "Describe the image."
+    ) -> dict[str, dict[str, np.ndarray]]:
+        """Each graph's inputs for one prompt about ``image`` (default: a synthetic photo), as generation feeds
+        them: the first image item, the prompt's ids, the decoder's first step (an empty past). What ``profile``
+        runs each graph of the package on."""
+        feeds = self.processor(
+            texts=[text], images=[image if image is not None else synthetic_image(96, 128)]
+        )
+        names = list(self.vision_record.get("inputs") or [])
+        grid, precomputed = self.vision_record.get("grid"), dict(self.vision_record.get("precomputed") or {})
+        vision = next(vision_items(feeds, names, grid))
+        if grid is not None and precomputed:
+            vision = {**vision, **precomputed_inputs(vision[grid], precomputed)}
+        ids, mask = feeds["input_ids"], feeds["attention_mask"]
+        state = self._begin(ids, mask, feeds)
+        decoder: dict[str, np.ndarray] = {"inputs_embeds": state.embeds, "attention_mask": mask}
+        if state.positions is not None:
+            decoder["position_ids"] = state.positions
+        if state.token_types is not None:
+            decoder["token_type_ids"] = state.token_types
+        if self.cache is not None:
+            decoder.update({n: v.numpy() for n, v in zip(self.cache.in_names, state.past or [], strict=True)})
+        return {"vision_encoder": vision, "embed_tokens": {"input_ids": ids}, "decoder": decoder}
+
     def generate_from(
         self,
         feeds: dict[str, np.ndarray],

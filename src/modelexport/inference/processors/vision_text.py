@@ -12,6 +12,7 @@ processor refuses, is an :class:`~modelexport.errors.ImageInputError` naming the
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
