@@ -20,7 +20,7 @@ import onnx
 import pytest
 
 from modelexport.cli.app import main
-from modelexport.errors import ConfigError, ImageInputError
+from modelexport.errors import ConfigError, ImageInputError, InputSpecError
 from modelexport.export.api import export
 from modelexport.export.config import ExportConfig
 from modelexport.export.loading import load_model
@@ -260,6 +260,11 @@ def test_refusals_come_before_any_output(vlm_packages: Any, minilm_dir: Path, tm
     with pytest.raises(ConfigError, match="needs a vision-language model") as info:
         export(llama, tmp_path / "b", task=task)
     assert "text-generation-with-past" in str(info.value.hint)
+    with pytest.raises(
+        InputSpecError
+    ) as plain:  # no task: one graph of the whole model cannot take the images
+        export(vlm_packages.source("qwen2_vl"), tmp_path / "c")
+    assert "--task image-text-to-text-with-past" in str(plain.value.hint)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"]
 
 

@@ -386,7 +386,10 @@ def infer_cmd(
     click.echo(f"model: {info['model']}   task: {pipe.task}   provider: {info['provider']}")
     for item, pred in zip(items, predictions, strict=True):
         shown = json.dumps(_jsonable(pred))
-        click.echo(f"{str(item)[:60]!s} -> {shown if len(shown) <= 400 else shown[:397] + '...'}")
+        label = (
+            f"{item['images']}: {item['text']}" if isinstance(item, dict) and "images" in item else str(item)
+        )
+        click.echo(f"{label[:60]} -> {shown if len(shown) <= 400 else shown[:397] + '...'}")
     click.echo(
         f"latency: {run_ms:.1f} ms for {len(items)} input(s) ({run_ms / len(items):.1f} ms each), load {load_ms:.0f} ms"
     )

@@ -64,7 +64,14 @@ from .sentence import sentence_package_pass
 from .seq2seq import SEQ2SEQ_FILES, build_seq2seq_inputs, check_seq2seq_config, is_seq2seq_task
 from .steps import StepInputs
 from .topology import compare_topology
-from .vlm import build_vlm_inputs, check_vlm_config, is_vlm_task, vlm_files
+from .vlm import (
+    VLM_HINT,
+    build_vlm_inputs,
+    check_vlm_config,
+    is_vision_language_model,
+    is_vlm_task,
+    vlm_files,
+)
 
 __all__ = ["ExportResult", "export", "PACKAGE_PASSES", "MODEL_FILE", "PACKAGE_FILES_KEY"]
 
@@ -167,7 +174,7 @@ def _reference_run(ctx: ExportContext) -> None:
         raise InputSpecError(
             f"{type(module).__name__}.forward() failed on the example inputs "
             f"({', '.join(f'{s.name} {list(s.shape)}' for s in ctx.inputs.specs)}): {exc}",
-            hint=input_specs_hint(module, ctx.inputs.specs),
+            hint=VLM_HINT if is_vision_language_model(module) else input_specs_hint(module, ctx.inputs.specs),
         ) from exc
     ctx.reference = flatten_outputs(holder["out"])
     if not ctx.reference:

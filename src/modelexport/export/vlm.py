@@ -62,6 +62,8 @@ __all__ = [
     "EXAMPLE_IMAGE_SIZES",
     "CHECK_IMAGE_SIZES",
     "is_vlm_task",
+    "is_vision_language_model",
+    "VLM_HINT",
     "vlm_files",
     "check_vlm_config",
     "build_vlm_inputs",
@@ -230,20 +232,34 @@ def _load_processor(loaded: Any, cfg: ExportConfig) -> Any:
     return processor
 
 
+def is_vision_language_model(module: Any) -> bool:
+    """A generator of text from images and text, called through transformers' APIs: ``get_image_features()``,
+    ``get_input_embeddings()``, ``forward(inputs_embeds=...)`` and an ``image_token_id`` in its config."""
+    config = getattr(module, "config", None)
+    apis = all(callable(getattr(module, a, None)) for a in ("get_image_features", "get_input_embeddings"))
+    return (
+        apis
+        and getattr(config, "image_token_id", None) is not None
+        and "inputs_embeds" in {p.name for p in forward_parameters(module)}
+    )
+
+
+#: What the default export of a vision-language model that fails says to do instead.
+VLM_HINT = (
+    "a vision-language model exports as a package of three graphs, with inputs from its own processor: "
+    "--task image-text-to-text-with-past (or image-text-to-text, without a cache)"
+)
+
+
 def _check_model(module: Any, cfg: ExportConfig) -> int:
     """The image placeholder token id; ConfigError for a model that is not a vision-language generator."""
-    config = getattr(module, "config", None)
-    image_token = getattr(config, "image_token_id", None)
-    missing = [
-        a for a in ("get_image_features", "get_input_embeddings") if not callable(getattr(module, a, None))
-    ]
-    if missing or image_token is None or "inputs_embeds" not in {p.name for p in forward_parameters(module)}:
+    if not is_vision_language_model(module):
         raise ConfigError(
             f"task {cfg.task} needs a vision-language model with get_image_features(), get_input_embeddings(), "
             f"forward(inputs_embeds=...) and an image_token_id in its config; {type(module).__name__} is not one",
             hint="text-only decoders export with --task text-generation-with-past",
         )
-    return int(image_token)
+    return int(module.config.image_token_id)
 
 
 # ---------------------------------------------------------------------------- precomputed vision inputs

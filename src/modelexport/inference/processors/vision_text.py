@@ -121,12 +121,16 @@ class ONNXVisionTextProcessor(BaseONNXProcessor):
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token or tok.unk_token
         try:
-            out = self.processor(
-                text=self.prompts(texts, [len(a) for a in arrays]),
-                images=arrays,
-                padding=True,
-                return_tensors="np",
-            )
+            with (
+                warnings.catch_warnings()
+            ):  # transformers warns that padding=True ignores a max_length never given
+                warnings.filterwarnings("ignore", message=".*max_length.*is ignored", category=UserWarning)
+                out = self.processor(
+                    text=self.prompts(texts, [len(a) for a in arrays]),
+                    images=arrays,
+                    padding=True,
+                    return_tensors="np",
+                )
         except ImageInputError:
             raise
         except Exception as exc:  # noqa: BLE001 - the processor's own errors, re-raised typed
