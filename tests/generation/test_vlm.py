@@ -6,7 +6,8 @@ images and prompts through the model's own processor and chat template, with the
 Families (tiny configs, random weights, the real processors built locally: ``tests/models/vlm.py``): LLaVA (a
 plain projector) and Qwen2-VL (packed patches, ``image_grid_thw``, M-RoPE) run in the default suite; Idefics3
 (image splitting) and Gemma 3 (bidirectional attention over image tokens) have a PyTorch smoke of their split
-there and their export and generation in ``make test-slow``.
+there and their export and generation in ``make test-slow``; PaliGemma (bidirectional attention over the prompt)
+exports without a cache only (slow), its refusal with one is in the default suite.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import onnx
 import pytest
 
 from modelexport.cli.app import main
-from modelexport.errors import ConfigError, ImageInputError, InputSpecError
+from modelexport.errors import ConfigError, ExportError, ImageInputError, InputSpecError
 from modelexport.export.api import export
 from modelexport.export.config import ExportConfig
 from modelexport.export.loading import load_model
@@ -269,7 +270,9 @@ def test_refusals_come_before_any_output(vlm_packages: Any, minilm_dir: Path, tm
 
 
 # ------------------------------------------------------------------------ no cache, -O2 and int8 packages
-@pytest.mark.parametrize("family", _family_params(("llava",), ("qwen2_vl", "idefics3", "gemma3")))
+@pytest.mark.parametrize(
+    "family", _family_params(("llava",), ("qwen2_vl", "idefics3", "gemma3", "paligemma"))
+)
 def test_without_a_cache_the_decoder_reruns_the_sequence(vlm_packages: Any, family: str) -> None:
     out, result = vlm_packages.export(family, task="image-text-to-text")
     assert read_manifest(out)["components"]["decoder"] == "decoder_model.onnx"
@@ -340,6 +343,17 @@ def test_profile_and_report_show_every_graph(
     assert all(c["tagged_pct"] == 100.0 and c["nodes"] for c in data["components"])
     page = (tmp_path / "report.html").read_text()
     assert "decoder_model_merged.onnx" in page and "wall_us" in page
+
+
+@pytest.mark.smoke
+def test_a_first_step_that_differs_with_an_empty_cache_is_refused(vlm_packages: Any, tmp_path: Path) -> None:
+    """PaliGemma attends bidirectionally over its prompt only when no cache exists yet: a decoder graph with a
+    cache input (empty on the first step) cannot reproduce that, measured before any capture; without a cache it
+    exports and generates like transformers (slow test above)."""
+    with pytest.raises(ExportError, match="first step with an empty past") as info:
+        export(vlm_packages.source("paligemma"), tmp_path / "out", task="image-text-to-text-with-past")
+    assert "--task image-text-to-text" in str(info.value.hint)
+    assert not any(tmp_path.iterdir())
 
 
 # ---------------------------------------------------------------------------------- fast family smoke

@@ -4,7 +4,7 @@ processor class, ``processor_config.json`` and a chat template.
 
 One builder per family; each returns the folder. The families cover the splits the field uses: a plain
 projector (LLaVA), packed patches with ``image_grid_thw`` and M-RoPE (Qwen2-VL), image splitting into crops
-(Idefics3), bidirectional attention over image tokens (Gemma 3).
+(Idefics3), bidirectional attention over image tokens (Gemma 3) or over the whole prompt (PaliGemma).
 """
 
 from __future__ import annotations
@@ -249,10 +249,53 @@ def save_gemma3(tokenizer_dir: Path, folder: Path, seed: int = 0) -> Path:
     return _save(model, files, folder, CHAT_TEMPLATE.replace("{{ IMAGE }}", "<start_of_image>"))
 
 
+def save_paligemma(tokenizer_dir: Path, folder: Path, seed: int = 0) -> Path:
+    """PaliGemma: a SigLIP tower (32 x 32 images, 16 image tokens) and Gemma attending bidirectionally over the
+    prefix (image + prompt) and causally over the generated suffix; no chat template (its processor puts the
+    image tokens and BOS before the prompt). Text weights drawn wide (0.5) so that greedy tokens vary."""
+    import torch
+    import transformers
+
+    tok = _tokenizer(tokenizer_dir, ["<image>"], {"image_token": "<image>"})
+    tok.add_special_tokens({"bos_token": "[CLS]"})
+    text = dict(model_type="gemma", max_position_embeddings=512, head_dim=16, initializer_range=0.5, **_TEXT)
+    config = transformers.PaliGemmaConfig(
+        vision_config=dict(
+            model_type="siglip_vision_model",
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+            projection_dim=32,
+        ),
+        text_config={**text, **_ids(tok)},
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        projection_dim=32,
+        hidden_size=32,
+        **_ids(tok),
+    )
+    torch.manual_seed(seed)
+    model = transformers.PaliGemmaForConditionalGeneration(config).eval()
+    image = transformers.SiglipImageProcessor(size={"height": 32, "width": 32})
+    image.image_seq_length = 16  # PaliGemma's processor reads it from its image processor
+
+    def files(out: Path) -> None:
+        tok.save_pretrained(out)
+        image.save_pretrained(out)
+        _processor_config(out, "PaliGemmaProcessor")
+
+    folder = _save(model, files, folder, "")
+    (folder / "chat_template.jinja").unlink()
+    return folder
+
+
 #: family -> builder(tokenizer_dir, folder) of its tiny model folder.
 VLM_FAMILIES: dict[str, Callable[[Path, Path], Path]] = {
     "llava": save_llava,
     "qwen2_vl": save_qwen2_vl,
     "idefics3": save_idefics3,
     "gemma3": save_gemma3,
+    "paligemma": save_paligemma,
 }

@@ -204,7 +204,9 @@ def _processor_batch(processor: Any, sizes: tuple[tuple[int, int], ...], seed: i
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for inputs it cannot take
         raise ExportError(
             f"the model's processor ({type(processor).__name__}) fails on images of {list(sizes)}: "
-            f"{type(exc).__name__}: {first_line(exc)}"
+            f"{type(exc).__name__}: {first_line(exc)}",
+            hint="the folder's processor files must turn an image and a prompt into inputs, as "
+            "AutoProcessor.from_pretrained(folder)(text=..., images=...) does",
         ) from exc
     return dict(out)
 
@@ -688,7 +690,29 @@ def _merged_decoder_graph(
     )
 
 
-def _record(split: _Split, positions: dict[str, Any] | None, cfg: ExportConfig) -> dict[str, Any]:
+def _generated_token_type(module: Any, batch: dict[str, Any]) -> int | None:
+    """The token type ``generate`` gives each generated token (transformers' own update of its inputs after a
+    step): None where it repeats the row's last type (transformers' default), else that constant (a model
+    whose generated tokens form a causal suffix after a bidirectional prefix)."""
+    from transformers.utils import ModelOutput
+
+    update = getattr(module, "_update_model_kwargs_for_generation", None)
+    if update is None:
+        return None
+    probe = batch["token_type_ids"].clone()
+    probe[:, -1] = 7  # a type no model uses: repeated means "the last one"
+    added = update(ModelOutput(), {"token_type_ids": probe, "attention_mask": batch["attention_mask"]})
+    values = set(added["token_type_ids"][:, -1].tolist())
+    if values == {7}:
+        return None
+    if len(values) != 1:
+        raise ExportError(f"generate() gives generated tokens the token types {sorted(values)}; expected one")
+    return int(values.pop())
+
+
+def _record(
+    split: _Split, positions: dict[str, Any] | None, generated_type: int | None, cfg: ExportConfig
+) -> dict[str, Any]:
     files = vlm_files(cfg)
     return {
         "components": dict(zip(("vision_encoder", "embed_tokens", "decoder"), files, strict=True)),
@@ -701,6 +725,7 @@ def _record(split: _Split, positions: dict[str, Any] | None, cfg: ExportConfig) 
         },
         "positions": positions,
         "token_type_ids": split.token_types,
+        "generated_token_type": generated_type,
         "with_past": is_with_past(cfg),
     }
 
@@ -723,7 +748,8 @@ def build_vlm_inputs(loaded: Any, cfg: ExportConfig) -> list[StepInputs]:
             for item in ex.items:
                 _check_precomputed(module, item, split.precomputed, split.grid)
         _check_split(module, split, ex)
-    record = _record(split, _position_record(module, examples), cfg)
+    generated = _generated_token_type(module, batches[0]) if split.token_types else None
+    record = _record(split, _position_record(module, examples), generated, cfg)
     decoder = (
         _merged_decoder_graph(module, split, examples, record)
         if is_with_past(cfg)

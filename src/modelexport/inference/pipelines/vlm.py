@@ -206,9 +206,7 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
             positions = (
                 None if positions is None else np.concatenate([positions, next_positions(positions)], -1)
             )
-            types = (
-                None if types is None else np.concatenate([types, np.zeros((len(ids), 1), types.dtype)], 1)
-            )
+            types = None if types is None else np.concatenate([types, self._generated_types(types)], 1)
         fed_positions = (
             positions if positions is None or state.first or not self.cache else positions[..., -1:]
         )
@@ -223,6 +221,11 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         bound = dict(zip(self.cache.in_names, state.past or [], strict=True))
         scores, cache = run_bound(self.decoder, feeds, bound, self.cache.out_names, device_of(self.decoder))
         return scores, _State(False, None, positions, types, cache)
+
+    def _generated_types(self, types: np.ndarray) -> np.ndarray:
+        """A generated token's type, as ``generate`` gives it: the row's last type, or the package's constant."""
+        constant = self.record.get("generated_token_type")
+        return types[:, -1:] if constant is None else np.full((len(types), 1), int(constant), types.dtype)
 
     def _reorder(self, past: Any, order: np.ndarray) -> Any:
         state: _State = past
