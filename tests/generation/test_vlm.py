@@ -255,6 +255,8 @@ def test_refusals_come_before_any_output(vlm_packages: Any, minilm_dir: Path, tm
         export(src, tmp_path / "a", task=task, quantize="static")
     with pytest.raises(ConfigError, match="not supported"):
         export(src, tmp_path / "a", task=task, with_report=True)
+    with pytest.raises(ConfigError, match="dtype float16 is not supported"):
+        export(src, tmp_path / "a", task=task, dtype="fp16")
     with pytest.raises(ConfigError, match="must be a folder"):
         export(src, tmp_path / "a.onnx", task=task)
     llama = save_causal_lm("llama", minilm_dir, tmp_path / "llama")

@@ -103,10 +103,15 @@ def check_vlm_config(cfg: ExportConfig) -> None:
             hint="leave out --input-specs, --input-shape, --text and --static-shapes",
         )
     given = [o for o in SEQ2SEQ_UNSUPPORTED_OPTIONS if getattr(cfg, o) not in (None, False, "none")]
+    given += [
+        f"{o} {getattr(cfg, o)}"
+        for o, plain in (("dtype", "float32"), ("device", "cpu"))
+        if getattr(cfg, o) != plain
+    ]
     if given:
         raise ConfigError(
             f"task {cfg.task} writes three graphs; {', '.join(given)} is not supported for it yet",
-            hint="export without it; --optimize and --quantize dynamic run on every graph",
+            hint="export in float32 on the CPU, without it; --optimize and --quantize dynamic run on every graph",
         )
     if cfg.quantize == "static":
         raise ConfigError(
