@@ -197,8 +197,9 @@ def test_pipeline_output_and_inputs(vlm_packages: Any, generators: dict[str, Any
     one = pipe({"images": image, "text": PROMPTS[0]}, max_new_tokens=4)
     assert set(one[0]) == {"input_text", "generated_text"} and one[0]["generated_text"]
     assert one[0]["input_text"].startswith("user: <image>") and one[0]["input_text"].endswith("assistant:")
-    both = pipe(images=[image, synthetic_image(30, 90, seed=2)], text=PROMPTS[0], max_new_tokens=4)
-    assert len(both) == 2 and both[0] == one  # a batch of two (padded) gives the same answer as alone
+    other = synthetic_image(30, 90, seed=2)
+    both = pipe(images=[image, other], text=[PROMPTS[0], PROMPTS[1]], max_new_tokens=4, batch_size=2)
+    assert len(both) == 2 and both[0] == one  # in a batch of two (padded) the same answer as alone
     assert pipe.describe()["processor"]["chat_template"]
 
 
