@@ -49,6 +49,7 @@ CASES: dict[str, tuple[str, Any, dict[str, Any]]] = {
 COVERED_ELSEWHERE = {
     "text2text-generation": "tests/generation/test_seq2seq.py",
     "automatic-speech-recognition": "tests/generation/test_seq2seq.py (slow: tiny Whisper)",
+    "image-text-to-text": "tests/generation/test_vlm.py",
 }
 
 

@@ -16,6 +16,7 @@ from ..batch import batch_infer
 from ..errors import ConfigError
 from ..inference import pipeline
 from ..inference.pipelines.seq2seq import SPEECH_DECODER_TASKS, SpeechRecognitionPipeline
+from ..inference.pipelines.vlm import check_images, is_vision_text_package, pair_inputs
 from ..metadata.tasks import normalize_task
 from .options import overwrite_option, ray_engine_options
 
@@ -27,9 +28,21 @@ _OPTION_FOR = {"texts": "--text", "images": "--image", "audio": "--audio"}
 
 
 def _inputs(
-    texts: tuple[str, ...], images: tuple[str, ...], audio: tuple[str, ...], question: str | None
+    texts: tuple[str, ...],
+    images: tuple[str, ...],
+    audio: tuple[str, ...],
+    question: str | None,
+    vision_text: bool = False,
 ) -> tuple[Any, str]:
-    """The items to run and the processor modality they are for."""
+    """The items to run and the processor modality they are for; a vision-language package takes --image and
+    --text together (paired in order; one of either goes with every one of the other)."""
+    if vision_text:
+        if audio or question is not None or not images or not texts:
+            raise ConfigError(
+                "this model is image-text-to-text: give --image and --text (each repeatable, paired in order)",
+                hint='e.g. --image photo.png --text "Describe the image."',
+            )
+        return pair_inputs(list(images), list(texts)), "images+texts"
     given = [(x, kind) for x, kind in ((texts, "texts"), (images, "images"), (audio, "audio")) if x]
     if len(given) != 1:
         raise ConfigError("give exactly one kind of input: --text, --image or --audio (each repeatable)")
@@ -341,7 +354,10 @@ def infer_cmd(
             )
         return _run_batch(model, task, providers, batch_size or 32, top_k, as_json, batch)
     batch_size = batch_size or 1
-    items, kind = _inputs(texts, images, audio, question)
+    vision_text = bool(images or texts) and is_vision_text_package(model, task)
+    items, kind = _inputs(texts, images, audio, question, vision_text)
+    if vision_text:
+        check_images(model, images)  # an image the model cannot take fails here, before any graph loads
     kwargs: dict[str, Any] = dict(prompt)
     if top_k is not None:
         kwargs["top_k"] = top_k
@@ -375,7 +391,10 @@ def infer_cmd(
     click.echo(f"model: {info['model']}   task: {pipe.task}   provider: {info['provider']}")
     for item, pred in zip(items, predictions, strict=True):
         shown = json.dumps(_jsonable(pred))
-        click.echo(f"{str(item)[:60]!s} -> {shown if len(shown) <= 400 else shown[:397] + '...'}")
+        label = (
+            f"{item['images']}: {item['text']}" if isinstance(item, dict) and "images" in item else str(item)
+        )
+        click.echo(f"{label[:60]} -> {shown if len(shown) <= 400 else shown[:397] + '...'}")
     click.echo(
         f"latency: {run_ms:.1f} ms for {len(items)} input(s) ({run_ms / len(items):.1f} ms each), load {load_ms:.0f} ms"
     )

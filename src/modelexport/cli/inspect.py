@@ -8,11 +8,13 @@ atomically); errors are raised as ModelExportError subclasses for the app.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 
 from .._io import write_text
+from ..errors import ConfigError
 from ..inspect.analyze import AnalyzeConfig, analyze
 from ..inspect.compare import compare
 from ..inspect.extract import call_instances, extract_module_subgraph, extract_plan
@@ -20,10 +22,10 @@ from ..inspect.formats import TERMINAL_WIDTH, file_name_for, format_for_path, re
 from ..inspect.loading import load_tagged_model
 from ..inspect.node_data import NODE_DATA_NAME, profile_overlay, write_node_data
 from ..inspect.optimum import validate_optimum_compatibility
-from ..inspect.profile import ProfileConfig, profile
+from ..inspect.profile import ProfileConfig, profile, profile_package
 from ..inspect.validate import repair as repair_fn
 from ..inspect.validate import validate
-from ..onnxfile import OutputPlan, plan_output
+from ..onnxfile import OutputPlan, package_components, plan_output
 from .options import overwrite_option
 
 __all__ = ["analyze_cmd", "validate_cmd", "compare_cmd", "extract_cmd", "profile_cmd"]
@@ -398,6 +400,14 @@ def profile_cmd(
     cfg = ProfileConfig(
         runs=runs, warmup=warmup, providers=ep or (), optimization=optimization, top_k=top_k, inputs=inputs
     )
+    if Path(model).is_dir() and package_components(model) and not inputs:  # every graph of the package
+        if node_plan is not None:
+            raise ConfigError(
+                "--node-data overlays one graph; pass the package's graph file",
+                hint=f"e.g. {model}/GRAPH.onnx",
+            )
+        _emit("profile_package", profile_package(model, cfg), fmt, plan, wide)
+        return 0
     result = profile(model, cfg)
     _emit("profile", result, fmt, plan, wide)
     if node_plan is not None:

@@ -34,6 +34,8 @@ __all__ = [
     "cache_layout",
     "encoder_decoder_leaves",
     "encoder_decoder_cache",
+    "dynamic_cache",
+    "dynamic_cache_leaves",
     "first_step_parity",
     "generation_package_pass",
 ]
@@ -86,6 +88,16 @@ def _unflatten(values: Any, context: Any) -> Any:
         layer.is_initialized = True
         cache.layers.append(layer)
     return cache
+
+
+def dynamic_cache_leaves(cache: Any) -> list[Any]:
+    """A ``DynamicCache``'s tensors, per layer key then value (Optimum's order of ``present.{i}.*``)."""
+    return _flatten(cache)[0]
+
+
+def dynamic_cache(values: Any, layers: int) -> Any:
+    """A ``DynamicCache`` of ``layers`` filled layers from :func:`dynamic_cache_leaves`' order."""
+    return _unflatten(values, layers)
 
 
 def encoder_decoder_leaves(cache: Any) -> tuple[list[Any], Any]:

@@ -88,6 +88,12 @@ for _spec in (
         ("automatic-speech-recognition-with-past",),
     ),
     TaskSpec(
+        "image-text-to-text",
+        ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
+        None,
+        ("image-text-to-text-with-past",),
+    ),
+    TaskSpec(
         "text2text-generation",
         ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",),
         "ORTModelForSeq2SeqLM",
