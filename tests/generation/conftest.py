@@ -32,6 +32,21 @@ CAUSAL_LM: dict[str, tuple[str, dict[str, Any]]] = {
             max_position_embeddings=64,
         ),
     ),
+    # a sliding-window layer (window 4) before a full one: prompts longer than the window
+    "gemma3": (
+        "gemma3_text",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=37,
+            num_key_value_heads=1,
+            head_dim=16,
+            max_position_embeddings=64,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
     "phi3": (
         "phi3",
         dict(

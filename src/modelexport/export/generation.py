@@ -207,11 +207,15 @@ class CacheInputs(ExampleInputs):
         }
 
 
-def _prefill(module: Any, ids: Any) -> Any:
+def _prefill(module: Any, ids: Any, cache_arg: str) -> Any:
+    """A real prefill into a plain ``DynamicCache``: every layer keeps every position (the model's own cache
+    trims sliding-window layers to the window, so layers would get different past lengths; the attention
+    mask applies the window either way)."""
     import torch
+    from transformers.cache_utils import DynamicCache
 
     with torch.no_grad():
-        out = module(input_ids=ids, use_cache=True)
+        out = module(input_ids=ids, use_cache=True, **{cache_arg: DynamicCache()})
     cache = output_cache(out)
     layers = getattr(cache, "layers", None)
     if not layers or any(getattr(layer, "keys", None) is None for layer in layers):
@@ -267,7 +271,7 @@ def build_with_past_inputs(module: Any, cfg: ExportConfig) -> CacheInputs:
     vocab = int(getattr(getattr(module, "config", None), "vocab_size", None) or 100)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (BATCH, PAST + NEW), generator=gen)
-    cache = _prefill(module, prompt[:, :PAST])
+    cache = _prefill(module, prompt[:, :PAST], cache_arg)
     layers = len(cache.layers)
     flat, _ = _flatten(cache)
     tensors: dict[str, Any] = {"input_ids": prompt[:, PAST:]}
