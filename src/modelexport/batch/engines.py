@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .._stages import announce
 from ..errors import ConfigError
 from .config import BatchConfig
 from .source import Rows
@@ -64,16 +65,22 @@ def ray_cluster(config: BatchConfig) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
+    # Ray's own INFO lines (cluster start, dashboard) only where the application's logging asks for them
+    quiet = {
+        "log_to_driver": False,
+        "logging_level": max(logging.getLogger().getEffectiveLevel(), logging.WARNING),
+    }
+    announce(f"connecting to Ray at {config.address}" if config.address else "starting a local Ray cluster")
     if config.address:
-        ray.init(address=config.address, log_to_driver=False)
+        ray.init(address=config.address, **quiet)
     else:
         paths = [_package_root(), *filter(None, [os.environ.get("PYTHONPATH")])]
         env = {"PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false"}
         ray.init(
             num_cpus=config.num_workers * config.threads_per_worker,
             include_dashboard=False,
-            log_to_driver=False,
             runtime_env={"env_vars": env},
+            **quiet,
         )
     try:
         yield ray
@@ -97,6 +104,7 @@ def map_actors(table: Any, worker: type, args: tuple[Any, ...], config: BatchCon
         context.execution_options.preserve_order = True
         context.enable_progress_bars = False
         dataset = ray.data.from_arrow(_blocks(table, config))
+        announce(f"{config.num_workers} Ray actor(s) loading the model and scoring")
         with warnings.catch_warnings():  # Ray >= 2.5x names these args deprecated; they are its defaults
             warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
             predicted = dataset.map_batches(
