@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._config import split_names
+from .._config import split_names, unknown_choice
 from ..errors import ConfigError, OnnxFileError, ProviderError
 from ..onnxfile import load_onnx, resolve_model_path
 
@@ -86,8 +86,8 @@ def _canonical(name: str) -> str:
     if key.endswith("ExecutionProvider") and key in _all_providers():
         return key  # one ONNX Runtime knows, whether or not this build has it (the fallback skips those)
     raise ConfigError(
-        f"unknown execution provider {name[:80]!r}; valid: {', '.join(sorted(PROVIDER_ALIASES))}",
-        hint="or a full name that onnxruntime.get_all_providers() lists, e.g. CUDAExecutionProvider",
+        unknown_choice("execution provider", name, sorted(PROVIDER_ALIASES), {"gpu": "cuda"}),
+        hint="use a name from the list, or a full name onnxruntime.get_all_providers() lists (CUDAExecutionProvider)",
     )
 
 
