@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .graph import tensor_edges
+from .graph import ancestors_of, tensor_edges
 from .scopes import module_path_for
 from .tags import TAG_KEY, common_ancestor, node_key, set_node_tag
 from .tree import ModuleTree
@@ -46,6 +46,8 @@ class TaggingResult:
             "coverage_pct": round(100.0 * tagged / total, 3) if total else 100.0,
             "by_source": dict(by_source),
             "unique_tags": len(set(self.node_tags.values())),
+            # the module tree as analyze and report count it: the tags and their ancestors
+            "modules": len({a for t in set(self.node_tags.values()) if t for a in ancestors_of(t)}),
         }
 
 
