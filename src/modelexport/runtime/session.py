@@ -26,6 +26,7 @@ __all__ = [
     "available_providers",
     "create_session",
     "resolve_providers",
+    "check_providers",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,12 @@ def _all_providers() -> set[str]:
     import onnxruntime as ort
 
     return set(ort.get_all_providers())
+
+
+def check_providers(requested: list[str] | str | None) -> tuple[str, ...]:
+    """The canonical names of ``requested`` (``"cuda,cpu"``); an unknown name is a ConfigError naming the
+    closest valid one. Nothing is loaded: commands check ``--ep`` with this before any work."""
+    return tuple(_canonical(p) for p in split_names(requested))
 
 
 def resolve_providers(
