@@ -57,6 +57,12 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+def _ray_log_level() -> int:
+    """Ray's and Ray Data's own lines (cluster start, execution plans) only where the application's logging
+    asks for them: at least WARNING, and what the root logger is set to (the CLI: ERROR unless --debug)."""
+    return max(logging.getLogger().getEffectiveLevel(), logging.WARNING)
+
+
 @contextlib.contextmanager
 def ray_cluster(config: BatchConfig) -> Iterator[Any]:
     """Join ``config.address``, reuse a running connection, or start a local cluster sized to the workers
@@ -65,11 +71,7 @@ def ray_cluster(config: BatchConfig) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
-    # Ray's own INFO lines (cluster start, dashboard) only where the application's logging asks for them
-    quiet = {
-        "log_to_driver": False,
-        "logging_level": max(logging.getLogger().getEffectiveLevel(), logging.WARNING),
-    }
+    quiet = {"log_to_driver": False, "logging_level": _ray_log_level()}
     announce(f"connecting to Ray at {config.address}" if config.address else "starting a local Ray cluster")
     if config.address:
         ray.init(address=config.address, **quiet)
@@ -103,6 +105,7 @@ def map_actors(table: Any, worker: type, args: tuple[Any, ...], config: BatchCon
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True
         context.enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(_ray_log_level())  # its own console handler logs INFO
         dataset = ray.data.from_arrow(_blocks(table, config))
         announce(f"{config.num_workers} Ray actor(s) loading the model and scoring")
         with warnings.catch_warnings():  # Ray >= 2.5x names these args deprecated; they are its defaults

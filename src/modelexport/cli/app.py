@@ -15,7 +15,7 @@ import click
 from .._config import closest
 from .._version import __version__
 from ..errors import ModelExportError
-from .display import columns, fit
+from .display import MAX_COLUMNS, columns, fit
 from .hints import EXIT_CODES, hint_for
 from .options import VALUE_CHECKS
 
@@ -105,7 +105,7 @@ def _check_joined_options(ctx: click.Context, command: click.Command, args: list
 
 
 @click.group(
-    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
+    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": MAX_COLUMNS}
 )
 @click.version_option(__version__, prog_name="modelexport")
 @click.option(

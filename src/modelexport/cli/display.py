@@ -20,7 +20,7 @@ import click
 from .._progress import is_terminal, note_progress_line
 from .._stages import stage_listener
 
-__all__ = ["MAX_COLUMNS", "columns", "fit", "echo", "diff", "shorten", "progress"]
+__all__ = ["MAX_COLUMNS", "columns", "fit", "echo", "diff", "shorten", "progress", "WrappedStream"]
 
 #: No line of text output is wider than this, whatever the terminal (a log file gets this width).
 MAX_COLUMNS = 100
@@ -139,6 +139,32 @@ class _DelayedLines:
 
     def stop(self) -> None:
         self.timer.cancel()
+
+
+class WrappedStream:
+    """Text that arrives in pieces (generated tokens), printed as it comes and wrapped at the terminal's width:
+    a piece that would cross it starts an indented line (at its space, when it has one)."""
+
+    def __init__(self, column: int, indent: str = "    ") -> None:
+        self.column, self.indent, self.width, self.started = column, indent, columns(), False
+
+    def __call__(self, text: str) -> None:
+        if not self.started:
+            text, self.started = text.lstrip(), True
+        for i, piece in enumerate(text.split("\n")):
+            if i:
+                click.echo("")
+                self.column = 0
+            while self.column + len(piece) > self.width:
+                room = self.width - self.column
+                cut = piece.rfind(" ", 0, room + 1) if self.column > len(self.indent) else room
+                head = piece[: max(cut, 0)]
+                click.echo(head, nl=False)
+                click.echo("\n" + self.indent, nl=False)
+                self.column = len(self.indent)
+                piece = piece[len(head) :].lstrip()
+            click.echo(piece, nl=False)
+            self.column += len(piece)
 
 
 def stdout_is_terminal() -> bool:

@@ -18,7 +18,7 @@ from ..errors import ConfigError
 from ..inference import pipeline
 from ..inference.pipelines.seq2seq import SPEECH_DECODER_TASKS, SpeechRecognitionPipeline
 from ..metadata.tasks import normalize_task
-from .display import echo, progress
+from .display import WrappedStream, echo, progress
 from .options import overwrite_option, ray_engine_options
 
 __all__ = ["infer_cmd"]
@@ -258,14 +258,8 @@ def _check_generation_options(
                 f"--{used[0].replace('_', '-')} is for text generation; this model's task is {pipe.task}"
             )
         return
-    if streaming:
-        started = [False]
-
-        def stream(text: str) -> None:  # after "PROMPT -> ": the continuation, as it comes
-            click.echo(text if started[0] else text.lstrip(), nl=False)
-            started[0] = True
-
-        kwargs["streamer"] = stream
+    if streaming:  # after "PROMPT -> ": the continuation as it comes, wrapped at the terminal's width
+        kwargs["streamer"] = WrappedStream(0)
 
 
 @click.command("infer")
@@ -366,6 +360,7 @@ def infer_cmd(
     if streamed:  # the header, then the prompt and its continuation as it comes: each printed once
         echo(f"model: {info['model']}   task: {pipe.task}   provider: {info['provider']}")
         click.echo(f"{_item(items[0])} -> ", nl=False)
+        kwargs["streamer"].column = len(f"{_item(items[0])} -> ")
     start = time.perf_counter()
     predictions = pipe(items, **kwargs)
     run_ms = (time.perf_counter() - start) * 1000
