@@ -183,7 +183,8 @@ def validate_cmd(
                 + (f", wrote {fixed.written}" if fixed.written else "")
             ]
             echo("\n".join([*lines, *(f"  {change}" for change in fixed.changes[:50])]))
-        report = validate(model, check_consistency=check_consistency or repair, hierarchy=hierarchy)
+        with progress(f"validate {model}"):
+            report = validate(model, check_consistency=check_consistency or repair, hierarchy=hierarchy)
         text = render("validate", fmt, report)
         click.echo(text, nl=False) if fmt == "json" else echo(text, more="--format json")
         ok = report.ok
@@ -333,8 +334,9 @@ def extract_cmd(
     if not module or not output:
         raise click.UsageError("extract needs --module TAG and --output SUB.onnx (or --list)")
     plan = extract_plan(output, module, [model, hierarchy], overwrite)
-    sub = extract_module_subgraph(model, hierarchy, module, call=_call(call))
-    path = sub.save(plan.path, overwrite=overwrite, inputs=[model, hierarchy])
+    with progress(f"extract {module} from {model}"):
+        sub = extract_module_subgraph(model, hierarchy, module, call=_call(call))
+        path = sub.save(plan.path, overwrite=overwrite, inputs=[model, hierarchy])
     if fmt == "json":
         click.echo(json.dumps({**sub.to_dict(), "output": str(path)}, indent=2))
         return 0

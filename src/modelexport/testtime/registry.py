@@ -42,7 +42,9 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise TestTimeError(unknown_choice(self.kind, name, self.names())) from None
+            raise TestTimeError(
+                unknown_choice(self.kind, name, self.names()), hint=f"choose the {self.kind} from the list"
+            ) from None
 
     def names(self) -> list[str]:
         return list(self._entries)

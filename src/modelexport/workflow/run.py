@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from .._io import write_json
-from .._progress import progress_bar
+from .._progress import note_progress_line, progress_bar
 from ..data import Dataset
 from ..inference.feeds import SampleSet, dataset_samples
 from ..inference.processors import ONNXAutoProcessor
@@ -54,6 +54,7 @@ class PipelineRun:
         if stage in STAGES:
             self._stage = STAGES.index(stage) + 1
         self.console.print(f"[bold green][{self._stage}/{len(STAGES)}] {stage}[/]: {message}")
+        note_progress_line()  # a stage line is progress: bars off a terminal wait their 5 s from here
 
     # ---------------------------------------------------------------------------------------------- run
 
