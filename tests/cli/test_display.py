@@ -47,6 +47,22 @@ def test_a_cut_value_names_the_option_that_prints_it_whole(capsys: pytest.Captur
 
 
 @pytest.mark.smoke
+def test_a_log_keeps_each_message_whole_unless_columns_says_how_wide(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Off a terminal, without COLUMNS, a summary or an error is one line (grep); with COLUMNS it wraps."""
+    line = "  files: " + ", ".join(f"file_{i}.json" for i in range(20))
+    monkeypatch.delenv("COLUMNS", raising=False)
+    display.echo(line)
+    assert capsys.readouterr().out == line + "\n"
+    assert display.message("Error: " + "x " * 80) == "Error: " + "x " * 80
+    monkeypatch.setenv("COLUMNS", "100")
+    display.echo(line)
+    assert len(capsys.readouterr().out.splitlines()) > 1
+    assert max(map(len, display.message("Error: " + "x " * 80).splitlines())) <= 100
+
+
+@pytest.mark.smoke
 def test_differences_print_three_significant_digits() -> None:
     assert display.diff(1.043081283569336e-07) == "1.04e-07"
     assert display.diff(0.012345) == "0.0123"
@@ -134,7 +150,10 @@ def test_a_mistyped_task_fails_before_the_model_loads(capsys: pytest.CaptureFixt
 
 
 @pytest.mark.smoke
-def test_providers_suggest_cuda_for_gpu_in_100_columns(capsys: pytest.CaptureFixture[str]) -> None:
+def test_providers_suggest_cuda_for_gpu_in_100_columns(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
     assert main(["profile", "m.onnx", "--ep", "gpu"]) == 1
     err = capsys.readouterr().err
     assert "did you mean 'cuda'?" in err and max(len(line) for line in err.splitlines()) <= 100
@@ -207,7 +226,20 @@ def test_poor_quantization_is_one_line_with_what_to_try() -> None:
 
 
 @pytest.mark.smoke
-def test_click_usage_errors_fit(capsys: pytest.CaptureFixture[str]) -> None:
+def test_click_usage_errors_fit(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
     assert main(["export", "--exporter", "dynamoo", "m", "o"]) == 2
     err = capsys.readouterr().err
     assert "did you mean 'dynamo'?" in err and max(map(len, err.splitlines())) <= 100
+
+
+@pytest.mark.smoke
+def test_export_counts_modules_as_analyze_and_report_do(
+    tiny_bert_export: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from modelexport import analyze
+
+    shown = len(analyze(tiny_bert_export.onnx_path).modules)
+    assert tiny_bert_export.coverage["modules"] == shown > tiny_bert_export.coverage["unique_tags"]
+    assert main(["report", str(tiny_bert_export.output_dir), "-o", str(tmp_path) + "/"]) == 0
+    assert f"({shown} modules" in capsys.readouterr().out

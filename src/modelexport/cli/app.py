@@ -15,7 +15,8 @@ import click
 from .._config import closest
 from .._version import __version__
 from ..errors import ModelExportError
-from .display import MAX_COLUMNS, columns, fit
+from .display import MAX_COLUMNS
+from .display import message as message_line
 from .hints import EXIT_CODES, hint_for
 from .options import VALUE_CHECKS
 
@@ -155,10 +156,10 @@ def _report(exc: BaseException) -> int:
     if _STATE["debug"]:
         traceback.print_exception(exc)
     message = str(exc) or type(exc).__name__
-    click.secho(fit(f"Error: {message}")[0], fg="red", err=True)
+    click.secho(message_line(f"Error: {message}"), fg="red", err=True)
     hint = hint_for(exc, _STATE["command"], _STATE["options"])
     if hint:
-        click.echo(fit(f"Hint: {hint}")[0], err=True)
+        click.echo(message_line(f"Hint: {hint}"), err=True)
 
     known = isinstance(exc, ModelExportError | OSError | MemoryError)
     if not known and not _STATE["debug"]:
@@ -193,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
 def _usage_error(exc: click.UsageError) -> None:
     """click's usage error, with the message wrapped to the terminal (a long list of choices stays readable)."""
     if exc.ctx is not None:
-        click.echo(fit(exc.ctx.get_usage())[0], err=True)
+        click.echo(message_line(exc.ctx.get_usage()), err=True)
         click.echo(f"Try '{exc.ctx.command_path} --help' for help.\n", err=True)
-    click.echo(fit(f"Error: {exc.format_message()}", columns())[0], err=True)
+    click.echo(message_line(f"Error: {exc.format_message()}"), err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,26 +1,41 @@
 """What the CLI prints: lines that fit the terminal (100 columns at most), numbers in one format, progress.
 
-Every command's text output goes through :func:`echo`: a line longer than the terminal is wrapped at its
-spaces (lists, sentences) with its continuation indented, and a value too long for a line (a path, a tag)
-is cut with ``…``; when something was cut, one line on stderr names the option that prints it whole
-(``--json``, ``--format json``, ``--wide``). Machine formats (JSON, CSV) are printed as they are.
+Every command's text output goes through :func:`echo`. On a terminal, or wherever ``COLUMNS`` says how wide
+the output is, a line longer than that (at most 100) is wrapped at its spaces (lists, sentences, error
+messages) with its continuation indented; in a pipe or a log without ``COLUMNS`` such lines stay whole, one
+line per message for grep. Tables (``wrap=False``) are cut at the width everywhere, 100 columns in a log. A
+value cut with ``…`` gets one line on stderr naming the option that prints it whole (``--json``,
+``--format json``, ``--wide``). Machine formats (JSON, CSV) are printed as they are.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TextIO
 
 import click
 
 from .._progress import is_terminal, note_progress_line
 from .._stages import stage_listener
 
-__all__ = ["MAX_COLUMNS", "columns", "fit", "echo", "diff", "shorten", "progress", "WrappedStream"]
+__all__ = [
+    "MAX_COLUMNS",
+    "columns",
+    "fitting",
+    "fit",
+    "echo",
+    "message",
+    "diff",
+    "shorten",
+    "progress",
+    "WrappedStream",
+]
 
 #: No line of text output is wider than this, whatever the terminal (a log file gets this width).
 MAX_COLUMNS = 100
@@ -34,6 +49,17 @@ def columns() -> int:
     """The width text output fits: ``COLUMNS`` or the terminal's, at most :data:`MAX_COLUMNS`."""
     width = shutil.get_terminal_size((MAX_COLUMNS, 24)).columns
     return max(_MIN_COLUMNS, min(width, MAX_COLUMNS))
+
+
+def fitting(stream: TextIO | None = None) -> bool:
+    """Whether lines written to ``stream`` (default stdout) are fitted to a width: on a terminal, or when
+    ``COLUMNS`` is set (a log keeps each line whole unless it asks)."""
+    return "COLUMNS" in os.environ or is_terminal(stream if stream is not None else sys.stdout)
+
+
+def message(text: str) -> str:
+    """An error or warning line for stderr: wrapped where :func:`fitting`, else one whole line."""
+    return fit(text)[0] if fitting(sys.stderr) else text
 
 
 def shorten(value: str, width: int) -> str:
@@ -71,7 +97,13 @@ def fit(text: str, width: int | None = None, *, wrap: bool = True) -> tuple[str,
 
 
 def echo(text: str, *, more: str | None = None, wrap: bool = True, err: bool = False) -> None:
-    """Print ``text`` fitted to the terminal; if a value was cut, say on stderr which option prints it whole."""
+    """Print ``text`` fitted to the terminal; if a value was cut, say on stderr which option prints it whole.
+
+    ``wrap``: a summary, wrapped where :func:`fitting` (else printed whole); without it, a table or a value
+    list, cut at the width everywhere."""
+    if wrap and not fitting(sys.stderr if err else sys.stdout):
+        click.echo(text.rstrip("\n"), err=err)
+        return
     fitted, cut = fit(text.rstrip("\n"), wrap=wrap)
     click.echo(fitted, err=err)
     if cut and more:
@@ -146,7 +178,8 @@ class WrappedStream:
     a piece that would cross it starts an indented line (at its space, when it has one)."""
 
     def __init__(self, column: int, indent: str = "    ") -> None:
-        self.column, self.indent, self.width, self.started = column, indent, columns(), False
+        self.column, self.indent, self.started = column, indent, False
+        self.width = columns() if fitting() else 1 << 30  # a log keeps the text on one line
 
     def __call__(self, text: str) -> None:
         if not self.started:

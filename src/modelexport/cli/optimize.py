@@ -23,7 +23,7 @@ from ..optimize.graph import optimize_model
 from ..optimize.package import PackageResult
 from ..optimize.quantization import quantize
 from ..runtime.session import GRAPH_LEVEL_ALIASES, GRAPH_LEVELS
-from .display import echo, fit, progress
+from .display import echo, message, progress
 from .options import overwrite_option
 
 __all__ = ["quantize_cmd", "optimize_cmd"]
@@ -57,7 +57,7 @@ def _print(result: Any, fmt: str, summary: Any) -> None:
         more="--format json",
     )
     if advice:
-        click.secho(fit(f"Warning: {advice}")[0], fg="yellow", err=True)
+        click.secho(message(f"Warning: {advice}"), fg="yellow", err=True)
 
 
 def quantize_summary(result: Any) -> str:

@@ -55,7 +55,7 @@ class LoadedModel:
 
 def portable_name(name_or_path: str | None) -> str | None:
     """Where a model came from, as a package may record it: a hub id or a relative path as given, an absolute
-    path (``/home/me/models/bert``, ``/abs/model.py:make``) by its last part, never the exporting machine's."""
+    path (``/home/me/models/my-model``, ``/abs/model.py:make``) by its last part, never the exporting machine's."""
     if not name_or_path:
         return name_or_path
     path, sep, factory = name_or_path.rpartition(":") if ".py:" in name_or_path else (name_or_path, "", "")
