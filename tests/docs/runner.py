@@ -115,7 +115,7 @@ class Runner:
                 code = main([*args, "--help"])
             assert code == 0, f"{block.label}: modelexport {shlex.join(args)}\n{err.getvalue()}"
             return
-        with _cwd(self.folder), _captured() as (out, err):
+        with _cwd(self.folder), _captured() as (out, err), _cli_log_lines(err):
             code = main(args)
         text = out.getvalue() + err.getvalue()
         where = f"{block.label}: modelexport {shlex.join(args)}"
@@ -175,6 +175,23 @@ def _argv(args: list[str]) -> Iterator[None]:
         yield
     finally:
         sys.argv = before
+
+
+@contextlib.contextmanager
+def _cli_log_lines(stream: io.StringIO) -> Iterator[None]:
+    """The log lines the CLI prints on stderr (pytest owns the root logger's handlers, so the CLI adds none
+    here): written to ``stream`` as the CLI's handler writes them, so they are measured too."""
+    import logging
+
+    from modelexport.cli.display import LogFormatter
+
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(LogFormatter())
+    logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
 
 
 @contextlib.contextmanager

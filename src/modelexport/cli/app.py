@@ -15,7 +15,7 @@ import click
 from .._config import closest
 from .._version import __version__
 from ..errors import ModelExportError
-from .display import MAX_COLUMNS
+from .display import MAX_COLUMNS, LogFormatter
 from .display import message as message_line
 from .hints import EXIT_CODES, hint_for
 from .options import VALUE_CHECKS
@@ -40,7 +40,6 @@ COMMANDS: dict[str, str] = {
 }
 
 _STATE: dict[str, Any] = {"debug": False, "command": None, "options": None}
-_LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 #: Commands that never start ONNX Runtime's own tools (whose C++ warnings the quiet default hides).
 _NO_ORT = frozenset({"analyze", "metadata", "validate", "extract"})
 
@@ -136,7 +135,9 @@ def setup_logging(level: int, debug: bool, onnxruntime: bool = True) -> None:
     """Quiet by default: modelexport's own messages at ``level`` (WARNING unless ``--log-level``); other
     libraries' warnings (Python warnings, their loggers, ONNX Runtime's and Ray's C++ logs) only with
     ``--debug``, which shows every library at ``level``. Errors always show."""
-    logging.basicConfig(format=_LOG_FORMAT)
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogFormatter())
+    logging.basicConfig(handlers=[handler])  # only where the application has not set up logging itself
     logging.getLogger().setLevel(level if debug else logging.ERROR)
     logging.getLogger("modelexport").setLevel(level)
     if debug:

@@ -10,6 +10,7 @@ value cut with ``…`` gets one line on stderr naming the option that prints it 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -35,6 +36,8 @@ __all__ = [
     "shorten",
     "progress",
     "WrappedStream",
+    "LogFormatter",
+    "LOG_FORMAT",
 ]
 
 #: No line of text output is wider than this, whatever the terminal (a log file gets this width).
@@ -60,6 +63,20 @@ def fitting(stream: TextIO | None = None) -> bool:
 def message(text: str) -> str:
     """An error or warning line for stderr: wrapped where :func:`fitting`, else one whole line."""
     return fit(text)[0] if fitting(sys.stderr) else text
+
+
+#: How the CLI prints a log record: ``WARNING modelexport.runtime.session: ...``.
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+
+
+class LogFormatter(logging.Formatter):
+    """Log lines as the CLI's other messages: wrapped where :func:`fitting`, else whole."""
+
+    def __init__(self) -> None:
+        super().__init__(LOG_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return message(super().format(record))
 
 
 def shorten(value: str, width: int) -> str:
