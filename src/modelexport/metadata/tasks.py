@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .._config import unknown_choice
 from ..errors import ConfigError, TaskDetectionError
 
 __all__ = [
@@ -115,7 +116,7 @@ def normalize_task(task: str) -> str:
     """The registered name for ``task`` or one of its aliases."""
     name = _ALIASES.get(str(task).strip().lower())
     if name is None:
-        raise ConfigError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+        raise ConfigError(unknown_choice("task", task, _ALIASES))
     return name
 
 
