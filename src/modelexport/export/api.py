@@ -61,6 +61,7 @@ from .vlm import (
 
 if TYPE_CHECKING:
     import onnx
+    import torch
     from transformers import PreTrainedTokenizerBase
 
 __all__ = ["ExportResult", "export", "PACKAGE_STEPS", "MODEL_FILE", "PACKAGE_FILES_KEY"]
@@ -292,7 +293,7 @@ def _write_model(proto: onnx.ModelProto, path: Path) -> bytes | Path:
 
 
 def export(
-    model: Any,
+    model: torch.nn.Module | str | os.PathLike[str],
     output_dir: str | Path,
     config: ExportConfig | None = None,
     *,
@@ -337,7 +338,7 @@ def export(
     return result
 
 
-def _source_path(model: Any) -> str | None:
+def _source_path(model: torch.nn.Module | str | os.PathLike[str]) -> str | None:
     """The file or folder a model given as a string is read from (``file.py:factory`` -> ``file.py``)."""
     if not isinstance(model, str | os.PathLike):
         return None
@@ -357,7 +358,12 @@ def _graph_files(cfg: ExportConfig) -> tuple[str, ...]:
     return ()
 
 
-def _plan(model: Any, output: str | Path, cfg: ExportConfig, graph_files: tuple[str, ...]) -> OutputPlan:
+def _plan(
+    model: torch.nn.Module | str | os.PathLike[str],
+    output: str | Path,
+    cfg: ExportConfig,
+    graph_files: tuple[str, ...],
+) -> OutputPlan:
     """Where the export writes (the one output rule), checked before any work. The files it will write
     besides the model's own are predicted here; one it could not predict is checked before it is moved."""
     main = graph_files[0] if graph_files else MODEL_FILE
@@ -430,7 +436,11 @@ def _export_graph(ctx: ExportContext, output_dir: Path, file: str, graphs: Graph
 
 
 def _prepare(
-    model: Any, cfg: ExportConfig, stages: StageLog, file: str, scope: contextlib.ExitStack
+    model: torch.nn.Module | str | os.PathLike[str],
+    cfg: ExportConfig,
+    stages: StageLog,
+    file: str,
+    scope: contextlib.ExitStack,
 ) -> tuple[LoadedModel, PreTrainedTokenizerBase | None, list[tuple[str, ExampleInputs]]]:
     """The loaded model, its tokenizer and the graphs to write: (file name, example inputs) each; one graph
     is written as ``file``; ``scope`` holds the model's export-time settings (restored when the export ends)."""

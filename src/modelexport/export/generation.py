@@ -23,6 +23,7 @@ from .parity import check_parity, flatten_outputs, runner_for
 
 if TYPE_CHECKING:
     import torch
+    from transformers.cache_utils import Cache
 
 __all__ = [
     "WITH_PAST_SUFFIX",
@@ -59,7 +60,7 @@ def is_with_past(cfg: ExportConfig) -> bool:
     return bool(cfg.task) and str(cfg.task).strip().lower().endswith(WITH_PAST_SUFFIX)
 
 
-def is_encoder_decoder(module: Any) -> bool:
+def is_encoder_decoder(module: torch.nn.Module) -> bool:
     """A transformers encoder-decoder model: its config says so and it hands out its encoder."""
     config = getattr(module, "config", None)
     return bool(getattr(config, "is_encoder_decoder", False)) and callable(
@@ -211,7 +212,7 @@ class CacheInputs(ExampleInputs):
         }
 
 
-def _prefill(module: Any, ids: Any, cache_arg: str) -> Any:
+def _prefill(module: torch.nn.Module, ids: torch.Tensor, cache_arg: str) -> Cache:
     """A real prefill into a plain ``DynamicCache``: every layer keeps every position (the model's own cache
     trims sliding-window layers to the window, so layers would get different past lengths; the attention
     mask applies the window either way)."""
@@ -230,7 +231,7 @@ def _prefill(module: Any, ids: Any, cache_arg: str) -> Any:
     return cache
 
 
-def cache_layout(cache: Any) -> dict[str, Any]:
+def cache_layout(cache: Cache) -> dict[str, Any]:
     """Layers, key/value heads, head dims and dtype of a filled ``DynamicCache``."""
     keys = [layer.keys for layer in cache.layers]
     first = keys[0]
@@ -254,7 +255,7 @@ def check_with_past_config(cfg: ExportConfig) -> None:
         raise ConfigError(f"task {cfg.task} builds its own inputs and needs dynamic shapes")
 
 
-def build_with_past_inputs(module: Any, cfg: ExportConfig) -> CacheInputs:
+def build_with_past_inputs(module: torch.nn.Module, cfg: ExportConfig) -> CacheInputs:
     """A cached step: ``NEW`` tokens after ``PAST`` tokens whose cache comes from a real prefill."""
     import torch
 

@@ -118,7 +118,7 @@ def complete_processor_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return json.loads(proc.to_json_string())
 
 
-def _tokenizer_section(tokenizer: Any) -> dict[str, Any]:
+def _tokenizer_section(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
     init = getattr(tokenizer, "init_kwargs", {}) or {}
     section: dict[str, Any] = {"tokenizer_class": type(tokenizer).__name__}
     for key in _TOKENIZER_KEYS:
@@ -169,7 +169,7 @@ def processor_config_of(
     return out
 
 
-def _dims(value_info: Any) -> list[int | str]:
+def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
     shape = value_info.type.tensor_type.shape
     return [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in shape.dim]
 
@@ -180,7 +180,7 @@ def graph_io(model_proto: onnx.ModelProto) -> tuple[list[dict[str, Any]], list[d
 
     init = {t.name for t in model_proto.graph.initializer}
 
-    def describe(v: Any) -> dict[str, Any]:
+    def describe(v: onnx.ValueInfoProto) -> dict[str, Any]:
         elem = v.type.tensor_type.elem_type
         return {
             "name": v.name,
