@@ -1,4 +1,8 @@
-"""``modelexport.export``: load -> inputs -> reference run -> capture -> tag -> verify -> package.
+"""``modelexport.export``: load -> inputs -> reference run -> capture -> tag -> package steps -> write ->
+verify -> sidecar, for each graph of the package.
+
+The package steps (metadata, generation config, package files, embedding, optimized and quantized copies) are
+:data:`~modelexport.export.package.PACKAGE_STEPS`, each a typed ``(ExportContext, PackageState) -> PackageState``.
 
 One path for every model: the graph comes from a plain ``torch.onnx.export`` and tagging only adds
 node ``metadata_props``, so the topology equals the baseline by construction (and
