@@ -25,6 +25,7 @@ towards uniform the less evidence there is.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .._numeric import MAX_SEED, is_seed
 from ..errors import TestTimeError
 from .memory import StatisticsMemory
 from .registry import Registry
@@ -57,6 +59,10 @@ SHIFT_WINDOW = 64
 PRIOR_WINDOW = 64
 #: Predictions the stream's label distribution is estimated from (the label-shift test's reference).
 MARGINAL_WINDOW = 512
+
+ORDER_HINT = (
+    "--order takes as-is, shuffle, stratified, class-sorted or dirichlet:ALPHA (ALPHA > 0), seeded by --seed"
+)
 
 OrderFn = Callable[[np.ndarray, float, np.random.Generator], np.ndarray]
 
@@ -113,8 +119,14 @@ class StreamOrder:
 
     def __post_init__(self) -> None:
         ORDERS.get(self.kind)
-        if self.kind == "dirichlet" and not self.alpha > 0:
-            raise TestTimeError(f"dirichlet alpha must be > 0, got {self.alpha}")
+        if self.kind == "dirichlet" and not 0 < self.alpha < math.inf:
+            raise TestTimeError(
+                f"dirichlet alpha must be a finite number > 0, got {self.alpha}", hint=ORDER_HINT
+            )
+        if not is_seed(self.seed):
+            raise TestTimeError(
+                f"seed must be an integer in [0, {MAX_SEED:,}], got {self.seed!r}", hint=ORDER_HINT
+            )
 
     @classmethod
     def parse(cls, spec: str, seed: int = 0) -> StreamOrder:
@@ -123,11 +135,13 @@ class StreamOrder:
         if not arg:
             return cls(name, seed=seed)
         if name != "dirichlet":
-            raise TestTimeError(f"stream order {name!r} takes no parameter (only dirichlet:ALPHA does)")
+            raise TestTimeError(
+                f"stream order {name!r} takes no parameter (only dirichlet:ALPHA does)", hint=ORDER_HINT
+            )
         try:
             alpha = float(arg)
         except ValueError:
-            raise TestTimeError(f"dirichlet alpha must be a number, got {arg!r}") from None
+            raise TestTimeError(f"dirichlet alpha must be a number, got {arg!r}", hint=ORDER_HINT) from None
         return cls(name, alpha, seed)
 
     def __str__(self) -> str:
