@@ -165,6 +165,13 @@ def _table(result: Any) -> str:
     "--learning-rate", type=float, default=1e-3, show_default=True, help="Tent learning rate (Adam)."
 )
 @click.option(
+    "--step-layers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="tent/sar: the last N BN layers' scale/bias are trained, torch runs the graph from there (0: all).",
+)
+@click.option(
     "--mc-dropout",
     type=int,
     default=0,
@@ -210,6 +217,7 @@ def evaluate_cmd(
     ttt_iterations: int | None,
     momentum: float,
     learning_rate: float,
+    step_layers: int,
     mc_dropout: int,
     batch_size: int,
     seed: int,
@@ -241,6 +249,7 @@ def evaluate_cmd(
         ttt_iterations=ttt_iterations,
         momentum=momentum,
         learning_rate=learning_rate,
+        step_layers=step_layers,
         mc_dropout=mc_dropout,
         seed=seed,
     )

@@ -59,6 +59,7 @@ _NUMBER_FIELDS: dict[str, type | tuple[type, ...]] = {
     "memory_size": int,
     "stem_prior": (int, float),
     "deep_prior": (int, float),
+    "step_layers": int,
 }
 
 
@@ -120,6 +121,9 @@ class TestTimePolicy:
     prior_correction: bool = False
     #: sar: learn only from examples with entropy below this fraction of log(C) (EATA's 0.4).
     reliable_entropy: float = 0.4
+    #: tent / sar with the memory statistics: the last this many BN layers' scale/bias are trained, and torch
+    #: runs the graph from the first of them on (0: every BN layer, the whole graph); ``tail.py``.
+    step_layers: int = 1
     mc_dropout: int = 0
     seed: int = 0
 
@@ -166,6 +170,11 @@ class TestTimePolicy:
             ("label_shift_alpha", 0.0 <= self.label_shift_alpha < 0.5, "in [0, 0.5) (0: off)"),
             ("reliable_entropy", 0.0 < self.reliable_entropy <= 1.0, "in (0, 1] (a fraction of log C)"),
             ("learning_rate", 0.0 < self.learning_rate < math.inf, "a finite number > 0"),
+            (
+                "step_layers",
+                0 <= self.step_layers <= MAX_PASSES,
+                f"in [0, {MAX_PASSES:,}] (0: every BN layer)",
+            ),
             (
                 "mc_dropout",
                 self.mc_dropout == 0 or 2 <= self.mc_dropout <= MAX_PASSES,
