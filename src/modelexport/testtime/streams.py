@@ -38,6 +38,7 @@ from .._numeric import MAX_SEED, is_seed
 from ..errors import TestTimeError
 from .memory import StatisticsMemory
 from .registry import Registry
+from .tail import TailBuffer
 
 __all__ = [
     "MIN_BATCH",
@@ -57,6 +58,8 @@ MIN_BATCH = 16
 #: Recent predictions the label-shift test and the prior correction look at (at least the batch).
 SHIFT_WINDOW = 64
 PRIOR_WINDOW = 64
+#: The lazy collapse check's longest interval, in quarter windows (after repeated checks found no collapse).
+MAX_BACKOFF = 8
 #: Predictions the stream's label distribution is estimated from (the label-shift test's reference).
 MARGINAL_WINDOW = 512
 
@@ -209,6 +212,8 @@ class ClassWindow:
         self.counts = np.zeros(num_classes, np.int64)
         self.pushed = 0
         self.since = 0
+        #: Checks come this many quarter windows apart (doubled after each check that found no collapse).
+        self.backoff = 1
 
     def push(self, classes: np.ndarray) -> None:
         size = len(self.ring)
@@ -231,7 +236,7 @@ class ClassWindow:
         self.since += len(classes)
 
     def due(self) -> bool:
-        if self.pushed < len(self.ring) or self.since < max(1, len(self.ring) // 4):
+        if self.pushed < len(self.ring) or self.since < max(1, len(self.ring) // 4) * self.backoff:
             return False
         self.since = 0
         return True
@@ -328,6 +333,9 @@ class CollapseGuard:
         self.paired, self.source = [], []
         if self.recent is not None:
             self.recent.clear()
+            # a source as narrow as the adaptation (a corruption that collapses the model itself) is a
+            # property of the data: look again less often, up to MAX_BACKOFF quarter windows apart
+            self.recent.backoff = 1 if collapsed else min(2 * self.recent.backoff, MAX_BACKOFF)
         if collapsed and not self.episodic:
             self.resets += 1
         return collapsed
@@ -362,6 +370,10 @@ class Stream:
     memory: dict[str, np.ndarray] = field(default_factory=dict)
     #: The class-balanced memory of recent examples' BN statistics (``statistics="memory"``).
     bank: StatisticsMemory | None = None
+    #: A gradient method's tail inputs since its last step (``tail.py``).
+    tail: TailBuffer | None = None
+    #: The blended statistics last computed: (memory clock, batch size, affine parameters, state).
+    statistics: tuple[int, int, Any, dict[str, np.ndarray]] | None = None
     guard: CollapseGuard | None = None
     #: Collapse-guard resets to the source so far.
     resets: int = 0
@@ -373,4 +385,5 @@ class Stream:
 
     def reset(self) -> None:
         """Back to the source model: no adapted state, no memory."""
-        self.state, self.memory, self.seen, self.bank = None, {}, 0, None
+        self.state, self.memory, self.seen, self.bank, self.tail = None, {}, 0, None, None
+        self.statistics = None
