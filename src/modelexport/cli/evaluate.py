@@ -89,21 +89,21 @@ def _table(result: Any) -> str:
 @click.option(
     "--memory-size",
     type=click.IntRange(1, 100_000),
-    default=64,
+    default=128,
     show_default=True,
     help="--statistics memory: examples the stream's class-balanced memory holds.",
 )
 @click.option(
     "--stem-prior",
     type=click.FloatRange(0, None),
-    default=8.0,
+    default=16.0,
     show_default=True,
     help="--statistics memory: the source statistics' weight (examples) in the stem BN layers.",
 )
 @click.option(
     "--deep-prior",
     type=click.FloatRange(0, None),
-    default=32.0,
+    default=64.0,
     show_default=True,
     help="--statistics memory: the source statistics' weight (examples) in the deeper BN layers.",
 )
