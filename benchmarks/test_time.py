@@ -51,6 +51,8 @@ BLOCK = 32
 #: The stream cost's clock: CPU time of this thread (``--threads 1``: ONNX Runtime and torch run here).
 CLOCK = time.thread_time
 CACHE = Path(__file__).resolve().parent / "results" / "cache" / "test_time_streams"
+#: The corruptions the pipeline networks' folders are written with (severities 2-5; and the issue's combination).
+PIPELINE_CORRUPTED = tuple((k, s) for k in ("gaussian_noise", "contrast", "blur") for s in (2, 3, 4, 5))
 
 
 def _stream_ms(
@@ -169,10 +171,8 @@ def _cost_cases(tmp: Path, models: list[str]) -> dict[str, tuple[Path, np.ndarra
             path, sets, _ = _dataset("digits", False)
             cases[name] = (path, sets["clean"])
         elif name == "pipeline":
-            from tests.testtime.pipeline_folder import pipeline_model
-
-            folder = pipeline_model(CACHE.parent / "pipeline_folder" / "digits", "digits", ())
-            cases[name] = (folder.onnx_path, folder.sets["clean"])
+            path, sets, _ = _dataset("pipeline-digits", False)
+            cases[name] = (path, sets["clean"])
         else:
             export = modelexport.export(
                 model, tmp / name, keep_batchnorm=True, input_shape=(1, *shape), **options
@@ -213,16 +213,25 @@ def cost(batches: list[int], repeats: int, threads: int, models: list[str]) -> i
 
 
 def _dataset(name: str, fresh: bool) -> tuple[Path, dict[str, np.ndarray], np.ndarray]:
-    """A trained network's export and the clean + corrupted held-out sets, cached between runs."""
+    """A trained network's export and the clean + corrupted held-out sets, cached between runs: ``digits`` and
+    ``shapes`` (the tests' networks), ``pipeline-digits[-sN]`` and ``pipeline-shapes`` (the image pipeline's
+    own network trained on a PNG folder, seed N; tests/testtime/pipeline_folder.py)."""
     import shutil
 
-    from tests.testtime.robustness import corrupted_sets
+    from tests.testtime.robustness import COMBINED, corrupted_sets
 
     import modelexport
 
     folder = CACHE / name
     if fresh and folder.exists():
         shutil.rmtree(folder)
+    if name.startswith("pipeline-"):
+        from tests.testtime.pipeline_folder import pipeline_model
+
+        source, _, suffix = name.removeprefix("pipeline-").partition("-s")
+        corruptions = (*(f"{k}@{s}" for k, s in PIPELINE_CORRUPTED), COMBINED)
+        built = pipeline_model(folder, source, corruptions, seed=int(suffix or 0))
+        return built.onnx_path, built.sets, built.labels
     onnx, npz = folder / "export" / "model.onnx", folder / "sets.npz"
     if npz.exists() and set(corrupted_sets(np.zeros((1, 1, 8, 8), np.float32))) - set(np.load(npz).files):
         npz.unlink()  # written before a severity was added
@@ -274,16 +283,18 @@ def _print_streams(cells: list[Any]) -> None:
 
 def streams(grid_name: str, datasets: list[str], methods: list[str], fresh: bool, data: list[str]) -> int:
     """The stream matrix of one grid (tests/testtime/robustness.py) and the issue's targets per method."""
-    from tests.testtime.robustness import GRIDS, TUNED, matrix, rows, summary
+    from tests.testtime.robustness import COMBINED, GRIDS, ROUND_SEEDS, TUNED, matrix, rows, summary
 
     grid = GRIDS[grid_name]
-    wanted = {"clean", *(f"{n}@{s}" for n, s in grid.sets())}
+    wanted = {"clean", *(f"{n}@{s}" for n, s in grid.sets()), *([COMBINED] if grid_name == "final" else [])}
     start = time.perf_counter()
     cells = []
     for name in datasets:
         path, sets, y = _dataset(name, fresh)
         sets = {k: v for k, v in sets.items() if k in wanted and (not data or k in data)}
-        cells += matrix(name, path, sets, y, grid.batches, grid.orders, ["none", *methods])
+        cells += matrix(
+            name, path, sets, y, grid.batches, grid.orders, ["none", *methods], ROUND_SEEDS[grid_name]
+        )
         print(f"{name}: {len(cells)} streams, {time.perf_counter() - start:.0f} s", flush=True)
     seconds = time.perf_counter() - start
     _print_streams(cells)
@@ -313,8 +324,12 @@ def main() -> int:
     parser.add_argument(
         "--streams", action="store_true", help="the stream-robustness accuracy matrix instead"
     )
-    parser.add_argument("--grid", default="development", help="--streams: development or held-out")
-    parser.add_argument("--datasets", default="digits,shapes", help="--streams: digits, shapes")
+    parser.add_argument("--grid", default="development", help="--streams: development, held-out or final")
+    parser.add_argument(
+        "--datasets",
+        default="",
+        help="--streams: digits, shapes, pipeline-digits[-sN], pipeline-shapes (default: the grid's round)",
+    )
     parser.add_argument("--methods", default="bn,tent,sar,bn-exact", help="--streams: besides plain")
     parser.add_argument("--fresh", action="store_true", help="--streams: retrain the cached networks")
     parser.add_argument("--data", default="", help="--streams: only these sets (e.g. clean,contrast@3)")
@@ -324,9 +339,11 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     if args.streams:
+        from tests.testtime.robustness import ROUND_DATASETS
+
         return streams(
             args.grid,
-            args.datasets.split(","),
+            args.datasets.split(",") if args.datasets else list(ROUND_DATASETS[args.grid]),
             args.methods.split(","),
             args.fresh,
             [d for d in args.data.split(",") if d],

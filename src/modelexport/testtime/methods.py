@@ -123,7 +123,7 @@ def _sar_step(
 ) -> Any:
     import torch
 
-    source = {k: torch.from_numpy(np.asarray(v, np.float32)) for k, v in tail.source.items()}
+    source = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in tail.source.items()}
 
     def update(forward: Any, trained: dict[str, Any]) -> None:
         sar_step(
@@ -150,8 +150,9 @@ ADAPTATION_METHODS.add(
 ADAPTATION_METHODS.add(
     "tent",
     AdaptationMethod(
-        "entropy minimisation of the BN affine parameters (Tent) under the BN statistics (batches of 16 or "
-        "more: one example's entropy is minimised by any confident class)",
+        "entropy minimisation of the BN affine parameters (Tent) under the BN statistics: with the memory "
+        "statistics, of the last BN layers through the graph's tail, once per 512 examples of batches of 16 or "
+        "more (one example's entropy is minimised by any confident class)",
         _tent,
         _tent_step,
         min_batch=MIN_BATCH,
@@ -161,8 +162,8 @@ ADAPTATION_METHODS.add(
     "sar",
     AdaptationMethod(
         "reliable entropy minimisation (EATA/SAR-style): robust BN statistics, reliable non-redundant examples, "
-        "sharpness-aware step anchored to the source (batches of 16 or more: stepping on single examples "
-        "drifted 17 points below plain on noisy digits)",
+        "sharpness-aware step anchored to the source, as tent's (batches of 16 or more: stepping on single "
+        "examples drifted 17 points below plain on noisy digits)",
         _sar,
         _sar_step,
         min_batch=MIN_BATCH,
