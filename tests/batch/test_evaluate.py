@@ -78,4 +78,4 @@ def test_ray_evaluate_text_classification_matches_local(
     for got, want in ((result, local), (result.baseline, local.baseline)):
         assert (got.accuracy, got.n, got.n_views) == (want.accuracy, want.n, want.n_views)
         assert got.extra["engine"] == "ray" and got.throughput_per_s > 0
-    assert result.n == 40  # n_views: text TTA reports 1 here as locally (predict_texts returns bare probs)
+    assert result.n == 40 and result.n_views == 2 and result.baseline.n_views == 1  # text TTA: 2 views

@@ -10,6 +10,7 @@ import click
 from ..batch.evaluate import evaluate_batch
 from ..inference.evaluate import evaluate
 from ..testtime.policy import STATISTICS, TestTimePolicy
+from .display import echo, progress
 from .options import ray_engine_options
 
 __all__ = ["evaluate_cmd"]
@@ -257,9 +258,7 @@ def evaluate_cmd(
     if engine == "local":
         if num_workers != 1 or address:
             raise click.UsageError("--num-workers and --address need --engine ray")
-        from rich.console import Console
-
-        with Console(stderr=True).status("Evaluating (load, then run every batch)..."):
+        with progress(f"evaluate {model} on {data}"):
             result = evaluate(
                 model,
                 data,
@@ -270,18 +269,22 @@ def evaluate_cmd(
                 providers=ep,
             )
     else:
-        result = evaluate_batch(
-            model,
-            data,
-            policy,
-            engine,
-            num_workers=num_workers,
-            threads_per_worker=threads_per_worker,
-            batch_size=batch_size,
-            address=address,
-            baseline=baseline,
-            providers=ep,
-            order=order,
-        )
-    click.echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else _table(result))
+        with progress(f"evaluate {model} on {data} (Ray)", spinner=False):
+            result = evaluate_batch(
+                model,
+                data,
+                policy,
+                engine,
+                num_workers=num_workers,
+                threads_per_worker=threads_per_worker,
+                batch_size=batch_size,
+                address=address,
+                baseline=baseline,
+                providers=ep,
+                order=order,
+            )
+    if fmt == "json":
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        echo(_table(result), more="--format json")
     return 0

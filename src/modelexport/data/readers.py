@@ -313,7 +313,10 @@ Row = tuple[int, dict[str, Any], str]  # (line number, record, raw text for mess
 def _existing_file(spec: str) -> Path:
     path = Path(spec)
     if not path.is_file():
-        raise DatasetError(f"dataset not found: {path}", hint="check the --dataset_path")
+        raise DatasetError(
+            f"dataset not found: {path}",
+            hint="check the path: a CSV/TSV/JSON/JSONL/Parquet/.npz file, an image folder, or sklearn:digits",
+        )
     if path.stat().st_size == 0:
         raise DatasetError(f"{path}: is empty", hint="the file has no header and no rows")
     return path

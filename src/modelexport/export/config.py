@@ -14,6 +14,7 @@ from .._io import MAX_JSON_BYTES, parse_json
 from .._numeric import check_fits_in_memory, tensor_bytes
 from ..errors import ConfigError, InputSpecError
 from ..hierarchy.tree import DEFAULT_TORCH_NN_EXCEPTIONS
+from ..metadata.tasks import normalize_task
 from ..optimize.config import OptimizeConfig
 from .loading import LIBRARIES
 
@@ -268,6 +269,8 @@ class ExportConfig:
             raise ConfigError(f"quantize must be none, dynamic or static, got {self.quantize!r}")
         if self.optimize not in (None, "none"):
             object.__setattr__(self, "optimize", OptimizeConfig.preset(self.optimize).preset_name)
+        if self.task is not None:
+            normalize_task(self.task)  # a mistyped task fails here, before the model loads
 
     @property
     def tolerance(self) -> float:

@@ -27,6 +27,7 @@ __all__ = [
     "node_key",
     "set_node_tag",
     "set_props",
+    "portable_stack_trace",
 ]
 
 TAG_KEY = "modelexport.hierarchy_tag"
@@ -125,3 +126,28 @@ def set_props(holder: Any, updates: dict[str, str]) -> None:
 def set_node_tag(node: Any, tag: str, source: str | None = None) -> None:
     """Set (or replace) a node's tag entries in its ``metadata_props``."""
     set_props(node, {TAG_KEY: tag} if source is None else {TAG_KEY: tag, TAG_SOURCE_KEY: source})
+
+
+#: The dynamo exporter's per-node Python stack (``File "/abs/path/...py", line N, in f``): useful, but the
+#: absolute paths are the exporting machine's (its venv, its home folder) and do not belong in a package.
+STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
+_FILE = re.compile(r'File "([^"]+)"')
+_INSTALLED = re.compile(r".*[/\\](?:site|dist)-packages[/\\]")
+_SEPARATORS = re.compile(r"[/\\]")
+
+
+def _portable_path(match: re.Match[str]) -> str:
+    path = match.group(1)
+    if _INSTALLED.match(path):
+        return f'File "{_INSTALLED.sub("", path)}"'  # transformers/models/bert/modeling_bert.py
+    if path.startswith(("/", "\\")) or ":" in path[:3]:  # another absolute path: the file's name
+        return f'File "{_SEPARATORS.split(path)[-1]}"'
+    return match.group(0)
+
+
+def portable_stack_trace(node: Any) -> None:
+    """Keep the node's stack trace, without the exporting machine's paths: an installed package's file
+    relative to its ``site-packages``, any other absolute file by its name."""
+    for prop in node.metadata_props:
+        if prop.key == STACK_TRACE_KEY:
+            prop.value = _FILE.sub(_portable_path, prop.value)

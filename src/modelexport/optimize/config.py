@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .._config import split_names
+from .._config import closest, split_names
 from ..errors import ConfigError
 from ..inference.feeds import SampleSet
 from ..runtime.session import graph_level
@@ -86,7 +86,9 @@ def check_samples(name: str, value: int) -> None:
 def _choice(name: str, value: str, valid: Any) -> str:
     v = str(value).lower()
     if v not in valid:
-        raise ConfigError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
+        guess = closest(value, valid)
+        mean = f" (did you mean {guess!r}?)" if guess else ""
+        raise ConfigError(f"{name} must be one of {', '.join(valid)}, got {value!r}{mean}")
     return v
 
 

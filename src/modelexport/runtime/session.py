@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._config import split_names
+from .._config import split_names, unknown_choice
 from ..errors import ConfigError, OnnxFileError, ProviderError
 from ..onnxfile import load_onnx, resolve_model_path
 
@@ -26,6 +26,7 @@ __all__ = [
     "available_providers",
     "create_session",
     "resolve_providers",
+    "check_providers",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,8 @@ def _canonical(name: str) -> str:
     if key.endswith("ExecutionProvider") and key in _all_providers():
         return key  # one ONNX Runtime knows, whether or not this build has it (the fallback skips those)
     raise ConfigError(
-        f"unknown execution provider {name[:80]!r}; valid: {', '.join(sorted(PROVIDER_ALIASES))}",
-        hint="or a full name that onnxruntime.get_all_providers() lists, e.g. CUDAExecutionProvider",
+        unknown_choice("execution provider", name, sorted(PROVIDER_ALIASES), {"gpu": "cuda"}),
+        hint="use a name from the list, or a full name onnxruntime.get_all_providers() lists (CUDAExecutionProvider)",
     )
 
 
@@ -96,6 +97,12 @@ def _all_providers() -> set[str]:
     import onnxruntime as ort
 
     return set(ort.get_all_providers())
+
+
+def check_providers(requested: list[str] | str | None) -> tuple[str, ...]:
+    """The canonical names of ``requested`` (``"cuda,cpu"``); an unknown name is a ConfigError naming the
+    closest valid one. Nothing is loaded: commands check ``--ep`` with this before any work."""
+    return tuple(_canonical(p) for p in split_names(requested))
 
 
 def resolve_providers(

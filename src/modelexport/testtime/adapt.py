@@ -49,6 +49,17 @@ __all__ = ["BNLayer", "BNAdapter", "BNState", "find_bn_layers"]
 BNState = dict[str, np.ndarray]
 
 NO_BN_HINT = "export with BatchNorm kept: `modelexport export MODEL --keep-batchnorm` (ExportConfig.keep_batchnorm=True)"
+#: For a graph without convolutions there was no BatchNorm to keep (a transformer normalizes with LayerNorm).
+NO_BN_LAYERS_HINT = (
+    "BN adaptation and Tent need BatchNorm layers, which this model does not have (LayerNorm models such as "
+    "BERT have none): use test-time augmentation (--tta-transforms) instead"
+)
+
+
+def no_bn_hint(model: Any) -> str:
+    """What to do about a graph without BatchNormalization: keep it at export, if the model had any."""
+    convolutions = any(n.op_type in ("Conv", "ConvTranspose") for n in model.graph.node)
+    return NO_BN_HINT if convolutions else NO_BN_LAYERS_HINT
 
 
 @dataclass(frozen=True)
@@ -121,7 +132,7 @@ class BNAdapter:
         if not self.layers:
             raise TestTimeError(
                 "the model has no BatchNormalization nodes: BN adaptation and Tent do not apply",
-                hint=NO_BN_HINT,
+                hint=no_bn_hint(self.source),
             )
         names = [p for layer in self.layers for p in layer.params]
         self.source_state: BNState = initializer_arrays(self.source, names)

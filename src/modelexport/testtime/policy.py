@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from .._config import split_names
+from .._config import closest, split_names
 from .._numeric import MAX_SEED, is_seed
 from ..errors import TestTimeError
 from .aggregate import AGGREGATORS
@@ -138,7 +138,7 @@ class TestTimePolicy:
         if unknown:
             valid = "; ".join(f"{m}: {', '.join(transforms_for(m))}" for m in modalities)
             raise TestTimeError(
-                f"unknown TTA transform(s) {unknown}; valid ({valid})",
+                f"unknown TTA transform(s) {unknown}{_did_you_mean(unknown, modalities)}; valid ({valid})",
                 hint="choose --tta-transforms from the list",
             )
         AGGREGATORS.get(self.tta_aggregate)
@@ -280,6 +280,13 @@ POLICY_PRESETS: dict[str, TestTimePolicy] = {
     ),
     "mc-dropout": TestTimePolicy(mc_dropout=16),
 }
+
+
+def _did_you_mean(unknown: list[str], modalities: tuple[str, ...]) -> str:
+    """`` (did you mean 'hflip'?)`` for the first unknown transform name close to a valid one."""
+    valid = [n for m in modalities for n in transforms_for(m)]
+    guess = next((g for g in (closest(n, valid) for n in unknown) if g), None)
+    return f" (did you mean {guess!r}?)" if guess else ""
 
 
 def policy_preset(name: str) -> TestTimePolicy:

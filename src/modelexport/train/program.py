@@ -16,6 +16,7 @@ import dspy
 import numpy as np
 
 from .._numeric import softmax
+from .._progress import progress_bar
 from ..data import Dataset
 from ..errors import InferenceError
 from ..testtime.engine import TestTimeEngine
@@ -134,14 +135,12 @@ class ClassifierProgram(dspy.Module):
 
     def probabilities(self, inputs: Sequence[Any], batch_size: int | None = None) -> np.ndarray:
         """Class probabilities ``(N, K)`` in batches through the current backend."""
-        from tqdm.auto import tqdm
-
         size = batch_size or self.batch_size
         starts = range(0, len(inputs), size)
         quiet = not self.progress or len(starts) < 8
         parts = [
             self.backend(inputs[i : i + size])
-            for i in tqdm(starts, desc="predict", unit="batch", leave=False, disable=quiet)
+            for i in progress_bar(starts, desc="predict", unit="batch", leave=False, disable=quiet)
         ]
         return np.concatenate(parts) if parts else np.zeros((0, len(self.label_names)), np.float32)
 

@@ -21,6 +21,7 @@ import numpy as np
 from dspy.teleprompt import Teleprompter
 
 from .._numeric import MAX_SEED, is_seed
+from .._progress import progress_bar
 from ..errors import ConfigError, TrainingError
 from .program import ClassifierProgram, label_accuracy
 
@@ -217,13 +218,12 @@ class TorchWeightOptimizer(Teleprompter):
         self, student: ClassifierProgram, inputs: list[Any], targets: np.ndarray, run: _Run, epoch: int
     ) -> float:
         import torch
-        from tqdm.auto import tqdm
 
         cfg, net = self.config, student.network
         order = run.rng.permutation(len(inputs))
         net.module.train()
         losses: list[float] = []
-        bar = tqdm(
+        bar = progress_bar(
             total=run.steps,
             desc=f"train epoch {epoch}/{cfg.epochs}",
             unit="batch",
