@@ -12,12 +12,15 @@ of each corruption's loss recovered (tests/testtime/robustness.py): the digits C
 CompactCNN on a drawn-shapes dataset (tests/testtime/shapes.py), noise/contrast/blur + clean, in the
 ``--grid``'s severities, orders and batch sizes: ``development`` (severities 3 and 5; shuffled,
 class-sorted, Dirichlet 0.01, 0.1, 1; batches 64, 32, 1 -- the defaults were tuned on part of it) or
-``held-out`` (severity 4; shuffled, class-sorted, Dirichlet 0.03, 0.3, 3; batches 48 and 1 -- measured once,
-after the defaults were final). Writes benchmarks/results/test_time_streams_<grid>.json. Trained models and
-corrupted sets are cached in benchmarks/results/cache/ (``--fresh`` retrains).
+``held-out`` (severity 4; shuffled, class-sorted, Dirichlet 0.03, 0.3, 3; batches 48 and 1 -- measured
+after the first design was final) or ``final`` (networks never tuned on: the image pipeline's own, trained on
+a PNG folder of digits with seed 1 and on the drawn shapes; severities 2 and 4 and the issue's noise 2 +
+contrast 2; as read, shuffled, class-sorted, Dirichlet 0.05, 0.5; batches 40 and 1 -- measured once, at the
+end). Writes benchmarks/results/test_time_streams_<grid>.json. Trained models and corrupted sets are cached
+in benchmarks/results/cache/ (``--fresh`` retrains).
 
     python benchmarks/test_time.py [--batches 1,32] [--repeats 200] [--threads 1]
-    python benchmarks/test_time.py --streams [--grid development|held-out] [--datasets digits,shapes]
+    python benchmarks/test_time.py --streams [--grid development|held-out|final] [--datasets digits,shapes]
 """
 
 from __future__ import annotations
