@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -29,16 +29,28 @@ from .tent import tent_adapt, tent_step
 
 if TYPE_CHECKING:
     from .adapt import BNAdapter, BNState
-    from .policy import TestTimePolicy
     from .tail import Tail
 
-__all__ = ["ADAPTATION_METHODS", "AdaptationMethod", "statistics"]
+__all__ = ["ADAPTATION_METHODS", "AdaptationMethod", "AdaptationSettings", "statistics"]
 
-AdaptFn = Callable[["BNAdapter", dict[str, np.ndarray], "TestTimePolicy", Any, Stream], "BNState"]
+
+class AdaptationSettings(Protocol):
+    """What a method reads of the test-time policy. ``TestTimePolicy`` has these fields; the policy module
+    imports this registry (to check ``--ttt`` names), so the registry names the fields, not the policy."""
+
+    ttt_iterations: int | None
+    momentum: float
+    bn_prior: float
+    learning_rate: float
+    episodic: bool
+    reliable_entropy: float
+
+
+AdaptFn = Callable[["BNAdapter", dict[str, np.ndarray], AdaptationSettings, Any, Stream], "BNState"]
 #: (the graph's tail, its inputs from the predicting passes, policy, the statistics its BN layers normalise
 #: with, their current scale/bias, stream) -> the updated scale/bias (``tail.py``).
 StepFn = Callable[
-    ["Tail", dict[str, np.ndarray], "TestTimePolicy", "BNState", "BNState", Stream], dict[str, np.ndarray]
+    ["Tail", dict[str, np.ndarray], AdaptationSettings, "BNState", "BNState", Stream], dict[str, np.ndarray]
 ]
 
 
@@ -65,7 +77,7 @@ ADAPTATION_METHODS.add("none", AdaptationMethod("no adaptation: the exported mod
 def statistics(
     adapter: BNAdapter,
     feeds: dict[str, np.ndarray],
-    policy: TestTimePolicy,
+    policy: AdaptationSettings,
     stream: Stream,
     prior: BNState | None = None,
     iterations: int | None = None,
@@ -83,15 +95,17 @@ def statistics(
     return adapter.adapt(feeds, prior, 1.0, iterations, strength)
 
 
-def _bn(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+def _bn(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream) -> Any:
     return statistics(adapter, feeds, policy, stream, iterations=policy.ttt_iterations)
 
 
-def _tent(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+def _tent(
+    adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream
+) -> Any:
     return tent_adapt(adapter, feeds, stream.state, policy.learning_rate, policy.ttt_iterations, torch_model)
 
 
-def _sar(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+def _sar(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream) -> Any:
     """Robust statistics, a reliable SAM step on the affine parameters, statistics again under them."""
     tuned = sar_adapt(
         adapter,
@@ -107,7 +121,7 @@ def _sar(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: An
 
 
 def _tent_step(
-    tail: Tail, inputs: Any, policy: TestTimePolicy, values: Any, params: Any, stream: Stream
+    tail: Tail, inputs: Any, policy: AdaptationSettings, values: Any, params: Any, stream: Stream
 ) -> Any:
     steps = policy.ttt_iterations or 1
     return tail.train(
@@ -119,7 +133,7 @@ def _tent_step(
 
 
 def _sar_step(
-    tail: Tail, inputs: Any, policy: TestTimePolicy, values: Any, params: Any, stream: Stream
+    tail: Tail, inputs: Any, policy: AdaptationSettings, values: Any, params: Any, stream: Stream
 ) -> Any:
     import torch
 
