@@ -22,7 +22,14 @@ from ...errors import ConfigError, InferenceError, MetadataError
 from ...metadata.schema import KEY_GENERATION
 from .base import ONNXPipeline, register_pipeline
 
-__all__ = ["GenerationSettings", "TextGenerationPipeline", "process_scores", "run_bound", "device_of"]
+__all__ = [
+    "GenerationSettings",
+    "TextGenerationPipeline",
+    "process_scores",
+    "run_bound",
+    "device_of",
+    "position_ids",
+]
 
 _CUDA = "CUDAExecutionProvider"
 #: transformers' GenerationConfig defaults of the options a pipeline may override.
@@ -96,6 +103,14 @@ def process_scores(
         remove[:, -1] = False  # keep at least one token
         np.put_along_axis(scores, order, np.where(remove, -np.inf, sorted_scores), axis=-1)
     return scores
+
+
+def position_ids(mask: np.ndarray) -> np.ndarray:
+    """Each token's position in a left-padded batch, as transformers' ``generate`` computes it: the count of
+    real tokens before it; padding positions get 1."""
+    pos = np.cumsum(mask, axis=-1) - 1
+    pos[mask == 0] = 1
+    return pos
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -188,9 +203,8 @@ class TextGenerationPipeline(ONNXPipeline):
 
     def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
         super().__init__(session, processor, **kwargs)
-        full = getattr(getattr(processor, "tokenizer", None), "full", None)
-        if callable(full):  # decoding, chat templates and padding-side switches need transformers' tokenizer
-            processor.tokenizer = full()
+        # the processor's tokenizer encodes and decodes: FastTokenizer (the tokenizers library alone: no
+        # transformers or torch import, a start in a fraction of a second) where the folder allows it
         self.record: dict[str, Any] = dict(self.metadata.get(KEY_GENERATION) or {})
         self.generation_config = self._generation_config()
         names = [i.name for i in session.get_inputs()]
@@ -201,7 +215,7 @@ class TextGenerationPipeline(ONNXPipeline):
 
     @property
     def tokenizer(self) -> Any:
-        """transformers' tokenizer: decodes the generated ids."""
+        """The tokenizer that encodes prompts and decodes the generated ids (``FastTokenizer`` or transformers')."""
         return self.processor.tokenizer
 
     # ------------------------------------------------------------------------------------------ config
@@ -280,9 +294,7 @@ class TextGenerationPipeline(ONNXPipeline):
         if "attention_mask" in self.input_names:
             feeds["attention_mask"] = mask
         if "position_ids" in self.input_names:
-            pos = np.cumsum(mask, axis=-1) - 1
-            pos[mask == 0] = 1
-            feeds["position_ids"] = np.ascontiguousarray(pos[:, -new:])
+            feeds["position_ids"] = np.ascontiguousarray(position_ids(mask)[:, -new:])
         return feeds
 
     def _run(self, feeds: dict[str, np.ndarray], past: list[Any] | None) -> tuple[np.ndarray, list[Any]]:
