@@ -332,9 +332,12 @@ class WeightOnlyConfig:
     def preset(cls, name: str, **changes: Any) -> WeightOnlyConfig:
         """A named preset of ``WEIGHT_PRESETS`` with ``changes``."""
         key = _choice("weight-only preset", name, WEIGHT_PRESETS)
-        return _with_changes(cls(), "weight-only", {**WEIGHT_PRESETS[key], **changes, "preset_name": key})
+        return cls().with_changes(**{**WEIGHT_PRESETS[key], **changes, "preset_name": key})
 
     def with_changes(self, **changes: Any) -> WeightOnlyConfig:
+        """A copy with ``changes``; another algorithm without ``symmetric`` takes that algorithm's default."""
+        if "algorithm" in changes and "symmetric" not in changes:
+            changes = {**changes, "symmetric": None}
         return _with_changes(self, "weight-only", changes)
 
     def record(self) -> dict[str, Any]:

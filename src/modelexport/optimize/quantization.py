@@ -67,7 +67,7 @@ from .modules import excluded_nodes, package_exclusions
 from .package import PackageResult, is_multi_graph, transform_package
 from .prepare import DropShapeHints, PlainMatMul
 from .retag import Retagged, tag_coverage
-from .weight_only import WEIGHT_ONLY_OPS, quantize_weights_proto
+from .weight_only import WEIGHT_ONLY_OPS, calibration_samples, quantize_weights_proto
 
 if TYPE_CHECKING:
     import onnx
@@ -487,7 +487,9 @@ def _quantize_file(
     """Quantize the graph file ``src`` into ``dst`` (in a staging folder), with ``package`` files copied."""
     start = time.perf_counter()
     model = load_onnx(src, external_data=False)  # weights stored as external data stay on disk (> 2 GB)
-    if samples is None and cfg.calibration_data:
+    if samples is None and cfg.calibration_data and isinstance(cfg, WeightOnlyConfig):
+        samples = calibration_samples(cfg.calibration_data, src, cfg)
+    elif samples is None and cfg.calibration_data:
         samples = load_samples(
             cfg.calibration_data, model, src, cfg.calibration_samples, tokenizer=cfg.tokenizer, seed=cfg.seed
         )

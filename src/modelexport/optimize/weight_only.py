@@ -28,18 +28,22 @@ import logging
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ConfigError, ModelExportError, OptimizationError
+from ..data import load_dataset
+from ..errors import ConfigError, DatasetError, ModelExportError, OptimizationError
 from ..hierarchy.passes import PassResult, run_passes
 from ..hierarchy.tags import TAG_KEY
 from ..inference.feeds import SampleSet
 from ..inference.pipelines.base import PIPELINES
 from ..inference.pipelines.generation import position_ids
+from ..inference.processors.text import load_tokenizer
 from ..metadata.schema import KEY_QUANTIZATION, KEY_TASK
 from ..metadata.tasks import normalize_task
+from .calibration import find_model_dir
 from .carry import CarryMetadata, model_metadata
 from .config import WEIGHT_ALGORITHMS, WeightOnlyConfig, register_weight_algorithm
 from .modules import excluded_nodes
@@ -56,6 +60,7 @@ __all__ = [
     "WEIGHT_ONLY_OPS",
     "WeightOnlyQuantize",
     "WeightSelection",
+    "calibration_samples",
     "decoder_calibration_feeds",
     "generates",
     "quantize_weights_proto",
@@ -347,6 +352,32 @@ def _gptq(
         return _run_quantizer(model, cfg, nodes, algo, nbits)
 
 
+def calibration_samples(source: str | Path, onnx_path: Path, cfg: WeightOnlyConfig) -> SampleSet:
+    """Calibration texts for a calibrated algorithm: read by the one dataset reader, ``calibration_samples`` of
+    them (seeded draw), each its own feed through the model's tokenizer (the graph's other inputs, a decoder's
+    positions and empty cache, are added by :func:`decoder_calibration_feeds`)."""
+    path = Path(source)
+    if not path.exists():
+        raise DatasetError(
+            f"calibration data not found: {path}", hint="check the path given to --calibration-data"
+        )
+    dataset = load_dataset(path, require_labels=False)
+    if dataset.kind != "text" or not dataset.texts:
+        raise ConfigError(
+            f"{cfg.algorithm} calibrates on text; {path} holds {dataset.kind} data",
+            hint="pass a CSV/TSV/JSON(L) file with a column of texts",
+        )
+    chosen = dataset.sample(cfg.calibration_samples, cfg.seed)
+    tokenizer = load_tokenizer(find_model_dir(onnx_path, cfg.tokenizer))
+    feeds = []
+    for text in chosen.texts or []:
+        encoding = tokenizer([text], return_tensors="np")
+        feeds.append(
+            {k: np.asarray(v).astype(np.int64) for k, v in encoding.items() if isinstance(v, np.ndarray)}
+        )
+    return SampleSet(feeds, None, "text")
+
+
 def decoder_calibration_feeds(
     model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]
 ) -> list[dict[str, np.ndarray]]:
@@ -448,7 +479,8 @@ def quantize_weights_proto(
     work, steps = run_passes(model, [DropShapeHints(), PlainMatMul()])
     selection = select_weights(work, cfg)
     if cfg.fuse_projections:
-        work, more = run_passes(work, [FuseProjections(frozenset(selection.matmuls))])
+        joinable = frozenset((*selection.matmuls, *selection.int8))  # siblings share one input: one width
+        work, more = run_passes(work, [FuseProjections(joinable)])
         steps += more
         selection = select_weights(work, cfg)
     record = {**cfg.record(), **selection.record()}

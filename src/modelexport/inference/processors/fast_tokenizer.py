@@ -39,6 +39,17 @@ _CLEAN_UP = (
     (" 've", "'ve"),
     (" 're", "'re"),
 )
+#: Tokenizer classes whose ``clean_up_tokenization_spaces`` defaults to True (transformers 5; every fast class of
+#: 4.57 and ``TokenizersBackend`` default to False): a folder that names one and does not set it decodes in
+#: transformers.
+_CLEAN_UP_BY_DEFAULT = (
+    "BertweetTokenizer",
+    "CTRLTokenizer",
+    "PhobertTokenizer",
+    "PLBartTokenizer",
+    "ProphetNetTokenizer",
+    "TapasTokenizer",
+)
 #: transformers' truncation argument -> the backend's strategy.
 _TRUNCATION: dict[Any, str] = {
     True: "longest_first",
@@ -208,14 +219,16 @@ class FastTokenizer:
         return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
 
     # ------------------------------------------------------------------------------------ decoding
+    @property
+    def clean_up_tokenization_spaces(self) -> bool:
+        return bool(self.config.get("clean_up_tokenization_spaces", False))
+
     def _decode_uncovered(self) -> str | None:
         """Why transformers' own ``decode`` is needed for this folder (None: the backend's is the same)."""
-        if "clean_up_tokenization_spaces" not in self.config:
-            return (
-                "tokenizer_config.json does not set clean_up_tokenization_spaces (its default is the class's)"
-            )
-        model = type(self.backend.model).__name__
-        if self.config["clean_up_tokenization_spaces"] and model == "BPE":
+        named = str(self.config.get("tokenizer_class") or "").removesuffix("Fast")
+        if "clean_up_tokenization_spaces" not in self.config and named in _CLEAN_UP_BY_DEFAULT:
+            return f"{named} cleans up tokenization spaces by default"
+        if self.clean_up_tokenization_spaces and type(self.backend.model).__name__ == "BPE":
             return "transformers 5 skips clean_up_tokenization_spaces for BPE tokenizers, 4 applies it"
         return None
 
@@ -228,7 +241,7 @@ class FastTokenizer:
             log.debug("%s: %s; decoding with transformers' tokenizer", self.folder, reason)
             return str(self.full().decode(ids, skip_special_tokens=skip_special_tokens))
         text = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
-        if self.config["clean_up_tokenization_spaces"]:
+        if self.clean_up_tokenization_spaces:
             for before, after in _CLEAN_UP:
                 text = text.replace(before, after)
         return text
