@@ -200,3 +200,40 @@ def test_cli_quantize_weights_writes_a_package_and_refuses_to_replace_it(
                  "--per-channel"]) == 1  # fmt: skip
     assert "--per-channel: int8 quantization options" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("attrs", [{}, {"transB": 1}, {"transB": 1, "beta": 0.5}])
+def test_gemm_to_matmul_is_exact_and_keeps_the_tag(attrs: dict[str, Any]) -> None:
+    """GPT-2's Conv1D layers export as Gemm: weight-only quantizers need a MatMul (+ Add for the bias)."""
+    from modelexport.optimize.prepare import GemmToMatMul
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((24, 16) if attrs.get("transB") else (16, 24)).astype(np.float32)
+    gemm = helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc", **attrs)
+    set_node_tag(gemm, "/Model/Block.0/MLP")
+    graph = helper.make_graph(
+        [gemm],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [5, 24])],
+        [
+            numpy_helper.from_array(weight, "w"),
+            numpy_helper.from_array(rng.standard_normal(24).astype(np.float32), "b"),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    result = GemmToMatMul()(model)
+    assert [n.op_type for n in result.model.graph.node] == ["MatMul", "Add"] and result.record[
+        "rewritten"
+    ] == 1
+    assert all(
+        {p.key: p.value for p in n.metadata_props}[TAG_KEY] == "/Model/Block.0/MLP"
+        for n in result.model.graph.node
+    )
+    x = {"x": rng.standard_normal((5, 16)).astype(np.float32)}
+    np.testing.assert_allclose(
+        create_session(result.model)[0].run(None, x)[0],
+        create_session(model)[0].run(None, x)[0],
+        rtol=1e-5,
+        atol=1e-5,
+    )

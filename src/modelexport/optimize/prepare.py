@@ -1,5 +1,5 @@
-"""Graph preparation every quantizer runs first: shape hints that go stale dropped, ``FusedMatMul`` on a constant
-weight back to ``MatMul`` (quantizers only see ``MatMul``)."""
+"""Graph preparation quantizers run first: shape hints that go stale dropped, ``FusedMatMul`` on a constant weight
+back to ``MatMul``, and (weight-only) ``Gemm`` to ``MatMul`` + ``Add``: quantizers only see ``MatMul``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ..hierarchy.passes import PassResult
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["DropShapeHints", "PlainMatMul"]
+__all__ = ["DropShapeHints", "GemmToMatMul", "PlainMatMul"]
 
 
 @dataclass(frozen=True)
@@ -92,3 +92,72 @@ class PlainMatMul:
             matmul.metadata_props.extend(node.metadata_props)
             node.CopyFrom(matmul)
         return PassResult(copy, True, {"unfused": len(found)})
+
+
+@dataclass(frozen=True)
+class GemmToMatMul:
+    """``Gemm`` on a constant 2-D weight (``alpha = 1``, ``transA = 0``) -> ``MatMul`` (+ ``Add`` of its bias):
+    weight-only quantizers only see ``MatMul``, and GPT-2's ``Conv1D`` layers export as ``Gemm``.
+
+    The ``MatMul`` keeps the ``Gemm``'s name and tag; ``transB`` weights are transposed once; a bias becomes an
+    ``Add`` tagged as the ``Gemm`` was (a ``beta`` other than 1 scales it first). The input is not changed.
+    """
+
+    name = "gemm_to_matmul"
+    in_place = False
+
+    def _plain(self, node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
+        from onnx import TensorProto, helper
+
+        weight = inits.get(node.input[1]) if node.op_type == "Gemm" and len(node.input) > 1 else None
+        if weight is None or len(weight.dims) != 2 or weight.data_location == TensorProto.EXTERNAL:
+            return False
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        return attrs.get("alpha", 1.0) == 1.0 and attrs.get("transA", 0) == 0
+
+    def __call__(self, model: onnx.ModelProto) -> PassResult:
+        import onnx
+        from onnx import helper, numpy_helper
+
+        inits = {t.name: t for t in model.graph.initializer}
+        found = [k for k, node in enumerate(model.graph.node) if self._plain(node, inits)]
+        if not found:
+            return PassResult(model, False, {"rewritten": 0})
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        inits = {t.name: t for t in copy.graph.initializer}
+        replaced: dict[int, list[onnx.NodeProto]] = {}
+        for k in found:
+            node = copy.graph.node[k]
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            weight = node.input[1]
+            if attrs.get("transB", 0):
+                weight = f"{weight}_transposed"
+                if weight not in inits:
+                    inits[weight] = numpy_helper.from_array(
+                        numpy_helper.to_array(inits[node.input[1]]).T.copy(), weight
+                    )
+                    copy.graph.initializer.append(inits[weight])
+            has_bias = len(node.input) > 2 and node.input[2]
+            product = f"{node.output[0]}_product" if has_bias else node.output[0]
+            matmul = helper.make_node("MatMul", [node.input[0], weight], [product], name=node.name)
+            new = [matmul]
+            if has_bias:
+                bias = node.input[2]
+                beta = float(attrs.get("beta", 1.0))
+                if beta != 1.0 and bias in inits:
+                    bias = f"{bias}_beta"
+                    scaled = numpy_helper.to_array(inits[node.input[2]]) * beta
+                    copy.graph.initializer.append(numpy_helper.from_array(scaled.astype(scaled.dtype), bias))
+                elif beta != 1.0:
+                    continue  # a computed bias scaled by beta: left as a Gemm
+                new.append(
+                    helper.make_node("Add", [product, bias], [node.output[0]], name=f"{node.name}_bias")
+                )
+            for part in new:
+                part.metadata_props.extend(node.metadata_props)
+            replaced[k] = new
+        nodes = [new for k, node in enumerate(copy.graph.node) for new in replaced.get(k, [node])]
+        del copy.graph.node[:]
+        copy.graph.node.extend(nodes)
+        return PassResult(copy, bool(replaced), {"rewritten": len(replaced)})

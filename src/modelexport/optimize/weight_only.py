@@ -6,8 +6,8 @@ onnxruntime-genai's model builder and Olive use), one algorithm of ``WEIGHT_ALGO
 nearest, ONNX Runtime's C++ kernels; int4 or int8, symmetric or not, embeddings too), ``hqq`` (Half-Quadratic
 Quantization: zero points optimized per block without data) and ``gptq`` (GPTQ on calibration text, through the
 quantizer's Intel Neural Compressor path). The flow is a chain of passes, the quantizing one re-tagged from its
-input (:class:`~.retag.Retagged`): ``FusedMatMul`` -> ``MatMul`` (:class:`~.plain_matmul.PlainMatMul`), stale
-shape hints dropped, projections that read one input joined (:class:`~.projections.FuseProjections`), then
+input (:class:`~.retag.Retagged`): stale shape hints dropped, ``FusedMatMul`` and ``Gemm`` -> ``MatMul``
+(:mod:`.prepare`), projections that read one input joined (:class:`~.projections.FuseProjections`), then
 :class:`WeightOnlyQuantize` on the chosen nodes and the metadata carried (:class:`~.carry.CarryMetadata`).
 
 Which weights: every ``MatMul`` with a constant 2-D float weight of at least ``MIN_WEIGHT_DIM`` rows and columns
@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ from .calibration import find_model_dir
 from .carry import CarryMetadata, model_metadata
 from .config import WEIGHT_ALGORITHMS, WeightOnlyConfig, register_weight_algorithm
 from .modules import excluded_nodes
-from .prepare import DropShapeHints, PlainMatMul
+from .prepare import DropShapeHints, GemmToMatMul, PlainMatMul
 from .projections import FuseProjections
 from .retag import Retagged
 
@@ -104,7 +105,8 @@ _NBITS_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"
 @contextlib.contextmanager
 def _nbits_quiet() -> Iterator[Any]:
     """ONNX Runtime's ``matmul_nbits_quantizer`` module, imported without its ``logging.basicConfig(INFO)``
-    taking over the root logger, with its per-node INFO lines and the GPTQ progress bar kept off stdout."""
+    taking over the root logger, with its per-node INFO lines and the GPTQ progress bar kept off stdout, and
+    its numeric warnings (a zero block's scale, torch on a read-only array) off stderr."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     from onnxruntime.quantization import matmul_nbits_quantizer
@@ -116,7 +118,9 @@ def _nbits_quiet() -> Iterator[Any]:
     quantizer_log.setLevel(logging.WARNING)
     printed = io.StringIO()
     try:
-        with contextlib.redirect_stdout(printed):
+        with contextlib.redirect_stdout(printed), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            warnings.simplefilter("ignore", UserWarning)
             yield matmul_nbits_quantizer
     finally:
         quantizer_log.setLevel(old)
@@ -476,7 +480,7 @@ def quantize_weights_proto(
     model: onnx.ModelProto, cfg: WeightOnlyConfig, samples: SampleSet | None = None
 ) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Weight-only quantize a tagged ModelProto (weights in memory); returns (tagged model, facts about the run)."""
-    work, steps = run_passes(model, [DropShapeHints(), PlainMatMul()])
+    work, steps = run_passes(model, [DropShapeHints(), PlainMatMul(), GemmToMatMul()])
     selection = select_weights(work, cfg)
     if cfg.fuse_projections:
         joinable = frozenset((*selection.matmuls, *selection.int8))  # siblings share one input: one width
