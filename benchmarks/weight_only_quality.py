@@ -176,13 +176,18 @@ def main(argv: list[str] | None = None) -> int:
         "--select", action="store_true", help="report on the selection sentences (train[:200])"
     )
     parser.add_argument("--workdir", default=None)
-    parser.add_argument("--no-decoders", action="store_true")
+    parser.add_argument(
+        "--only", choices=("minilm", "decoders"), default=None, help="one part (its own JSON)"
+    )
     args = parser.parse_args(argv)
     root = Path(args.workdir or tempfile.mkdtemp(prefix="wo-quality-"))
-    payload = {"minilm": _minilm(root, args.select)}
-    if not args.no_decoders:
+    payload: dict[str, Any] = {}
+    if args.only != "decoders":
+        payload["minilm"] = _minilm(root, args.select)
+    if args.only != "minilm" and not args.select:
         payload["decoders"] = _decoders(root)
-    path = write_results("weight_only_quality" + ("_select" if args.select else ""), payload)
+    name = "weight_only_quality" + ("_select" if args.select else "") + (f"_{args.only}" if args.only else "")
+    path = write_results(name, payload)
     print(f"wrote {path}")
     return 0
 

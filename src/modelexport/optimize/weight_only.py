@@ -192,16 +192,25 @@ def _is_norm(node: Any) -> bool:
     return last.endswith(_NORM_CLASSES)
 
 
+#: Ops between a normalization and the projection that reads it that change no value (GPT-2's Conv1D views).
+_VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast", "Identity"}
+
+
 def _norm_inputs(model: onnx.ModelProto, names: list[str]) -> list[str]:
-    """The MatMuls of ``names`` whose input a normalization writes (the projections that read the residual
-    stream: attention q/k/v, MLP up/gate)."""
+    """The MatMuls of ``names`` whose input a normalization writes, through views (the projections that read the
+    residual stream: attention q/k/v, MLP up/gate)."""
     producer = {o: n for n in model.graph.node for o in n.output}
     wanted = set(names)
-    return [
-        n.name
-        for n in model.graph.node
-        if n.name in wanted and (p := producer.get(n.input[0])) is not None and _is_norm(p)
-    ]
+    found = []
+    for node in model.graph.node:
+        if node.name not in wanted:
+            continue
+        source = producer.get(node.input[0])
+        while source is not None and source.op_type in _VIEWS:
+            source = producer.get(source.input[0])
+        if source is not None and _is_norm(source):
+            found.append(node.name)
+    return found
 
 
 def generates(model: onnx.ModelProto) -> bool:
