@@ -11,7 +11,7 @@ COMPAT_BIN := $(COMPAT)/bin
 COMPAT_STAMP := $(COMPAT)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv venv-compat demo test test-compat test-slow test-all lint bench bench-all clean
+.PHONY: venv venv-compat demo test test-compat test-slow test-all lint docs bench bench-all clean
 
 venv: $(STAMP)
 
@@ -62,6 +62,11 @@ lint: venv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 
+# The documentation site (docs/, mkdocs.yml) into site/; strict: a warning (a broken link, a docstring the API
+# reference cannot read) fails the build. Its examples are run by the test suite (tests/docs/).
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: venv
 	$(BIN)/python benchmarks/export_overhead.py
 
@@ -75,4 +80,4 @@ bench-all: venv venv-compat
 	$(BIN)/python benchmarks/test_time.py
 
 clean:
-	rm -rf $(VENV) $(COMPAT) build dist *.egg-info .pytest_cache
+	rm -rf $(VENV) $(COMPAT) build dist site *.egg-info .pytest_cache

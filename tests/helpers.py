@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HAS_OPTIMUM", "assert_nested_close"]
+__all__ = ["HAS_OPTIMUM", "assert_nested_close", "message_lines"]
 
 
 def _has_optimum() -> bool:
@@ -37,3 +37,15 @@ def assert_nested_close(a: Any, b: Any, tol: float = 1e-4) -> None:
         assert abs(float(a) - float(b)) <= tol
     else:
         assert a == b
+
+
+def message_lines(text: str) -> list[str]:
+    """The CLI's messages, one per item: an ``Error:``/``Hint:`` wrapped to the terminal (continuation lines
+    indented by four spaces) is joined back into the one line it says."""
+    lines: list[str] = []
+    for line in text.strip().splitlines():
+        if line.startswith("    ") and lines and not lines[-1].startswith(" "):
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return lines

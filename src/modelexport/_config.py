@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import difflib
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["split_names"]
+__all__ = ["split_names", "unknown_choice", "closest"]
 
 
 def split_names(value: str | Iterable[Any] | None) -> tuple[str, ...]:
@@ -14,3 +15,26 @@ def split_names(value: str | Iterable[Any] | None) -> tuple[str, ...]:
         return ()
     items = value.split(",") if isinstance(value, str) else value
     return tuple(s for s in (str(v).strip() for v in items) if s)
+
+
+def closest(value: Any, valid: Iterable[str], synonyms: Mapping[str, str] | None = None) -> str | None:
+    """The valid name ``value`` was most likely meant to be (a typo, another case, a common synonym), or None."""
+    names = list(valid)
+    key = str(value).strip().lower()
+    if synonyms and key in synonyms:
+        return synonyms[key]
+    lowered = {n.lower(): n for n in names}
+    if key in lowered:
+        return lowered[key]
+    match = difflib.get_close_matches(key, list(lowered), n=1, cutoff=0.6)
+    return lowered[match[0]] if match else None
+
+
+def unknown_choice(
+    kind: str, value: Any, valid: Iterable[str], synonyms: Mapping[str, str] | None = None
+) -> str:
+    """The one message for an unknown name: what was given, the closest valid one, and every valid one."""
+    names = list(dict.fromkeys(valid))
+    guess = closest(value, names, synonyms)
+    mean = f" (did you mean {guess!r}?)" if guess else ""
+    return f"unknown {kind} {str(value)[:80]!r}{mean}; valid: {', '.join(names)}"

@@ -9,7 +9,10 @@ import numpy as np
 
 from .errors import ModelExportError
 
-__all__ = ["softmax", "available_memory", "check_fits_in_memory", "tensor_bytes"]
+__all__ = ["MAX_SEED", "softmax", "available_memory", "check_fits_in_memory", "is_seed", "tensor_bytes"]
+
+#: Largest random seed: numpy's generators take 0 <= seed < 2**32 (torch's take the same range here).
+MAX_SEED = 2**32 - 1
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -31,6 +34,11 @@ def available_memory() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def is_seed(value: object) -> bool:
+    """Whether ``value`` is a seed every generator we seed accepts (an int in [0, MAX_SEED])."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
 
 
 def tensor_bytes(shape: tuple[int, ...] | list[int], itemsize: int) -> int:

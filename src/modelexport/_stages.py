@@ -1,7 +1,8 @@
 """``StageLog``: the one stage timer behind export's report and every long step's progress lines.
 
 Each stage's start and end go to a logger at INFO (``--log-level info`` shows where a long command is and
-where its time went); an optional callback drives a progress display (the CLI's status line).
+where its time went); an optional callback, and every listener registered with :func:`stage_listener` (the
+CLI's progress display), hear each stage's name as it starts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StageLog"]
+__all__ = ["StageLog", "stage_listener", "announce"]
+
+#: Called with each stage's name as it starts, in any StageLog of the process (see :func:`stage_listener`).
+_LISTENERS: list[Callable[[str], None]] = []
+
+
+@contextmanager
+def stage_listener(listener: Callable[[str], None]) -> Iterator[None]:
+    """Hear every stage that starts while the block runs (the CLI shows them as progress)."""
+    _LISTENERS.append(listener)
+    try:
+        yield
+    finally:
+        _LISTENERS.remove(listener)
+
+
+def announce(stage: str) -> None:
+    """Tell the listeners a step has started (a step not timed by a StageLog: starting a Ray cluster)."""
+    for listener in list(_LISTENERS):
+        listener(stage)
 
 
 @dataclass
@@ -28,8 +48,9 @@ class StageLog:
     def stage(self, name: str, detail: str = "") -> Iterator[dict[str, Any]]:
         entry = {"stage": name, "status": "running", "seconds": 0.0, "detail": detail}
         self.stages.append(entry)
-        if self.on_stage is not None:
-            self.on_stage(name)
+        for listener in [self.on_stage, *_LISTENERS]:
+            if listener is not None:
+                listener(name)
         self.logger.info("%s ...%s", name, f" ({detail})" if detail else "")
         start = time.perf_counter()
         try:

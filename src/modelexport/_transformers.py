@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Iterable, Iterator
 from importlib import metadata
+from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CACHE_PARAMETERS",
@@ -24,6 +28,7 @@ __all__ = [
     "processor_type_name",
     "image_processor_class",
     "quiet_loading",
+    "load_processor",
 ]
 
 #: forward()'s key/value-cache parameter, newest name first: transformers 5.2x renamed ``past_key_values``
@@ -114,3 +119,70 @@ def quiet_loading() -> Iterator[None]:
     finally:
         if enabled:
             hf_logging.enable_progress_bar()
+
+
+#: A processor's sub-processors that may be left out when their backend is missing, by attribute: transformers 5
+#: builds every video processor on torchvision, which cannot load beside a CPU torch; images never need it.
+OPTIONAL_SUB_PROCESSORS = ("video_processor",)
+
+
+def load_processor(folder: str | Path) -> Any:
+    """transformers' own processor of a model folder (``AutoProcessor``: tokenizer, image processor, chat
+    template). Where a sub-processor listed in :data:`OPTIONAL_SUB_PROCESSORS` needs a backend that is not
+    installed (a video processor without torchvision: Qwen2-VL, SmolVLM), the processor is built without it,
+    so images and text still go through the model's own class; video inputs then fail in transformers."""
+    from transformers import AutoProcessor
+
+    try:
+        with quiet_loading():
+            return AutoProcessor.from_pretrained(str(folder), local_files_only=True)
+    except ImportError as exc:
+        return _without_missing_backends(Path(folder), exc)
+
+
+def _without_missing_backends(folder: Path, error: ImportError) -> Any:
+    import transformers
+    from transformers.processing_utils import MODALITY_TO_AUTOPROCESSOR_MAPPING, ProcessorMixin
+
+    processor_dict, kwargs = ProcessorMixin.get_processor_dict(str(folder), local_files_only=True)
+    cls = getattr(transformers, str(processor_dict.get("processor_class") or ""), None)
+    if cls is None or not issubclass(cls, ProcessorMixin):
+        raise error
+    args, left_out = [], []
+    for name in cls.get_attributes():
+        try:
+            args.append(
+                MODALITY_TO_AUTOPROCESSOR_MAPPING[name].from_pretrained(str(folder), local_files_only=True)
+            )
+        except ImportError:
+            if name not in OPTIONAL_SUB_PROCESSORS:
+                raise
+            args.append(None)
+            left_out.append(name)
+    log.info(
+        "%s built without %s (%s)", cls.__name__, ", ".join(left_out), str(error).strip().splitlines()[0]
+    )
+    with _accepting_none(cls, set(left_out)):
+        return cls.from_args_and_dict(args, processor_dict, **kwargs)
+
+
+@contextlib.contextmanager
+def _accepting_none(cls: Any, names: set[str]) -> Iterator[None]:
+    """While the block runs, ``cls``'s class check of its sub-processors accepts None for ``names``."""
+    original = cls.check_argument_for_proper_class
+
+    def check(self: Any, argument_name: str, argument: Any) -> Any:
+        if argument is None and argument_name in names:
+            return None
+        return original(self, argument_name, argument)
+
+    had_own = "check_argument_for_proper_class" in cls.__dict__
+    saved = cls.__dict__.get("check_argument_for_proper_class")
+    cls.check_argument_for_proper_class = check
+    try:
+        yield
+    finally:
+        if had_own:
+            cls.check_argument_for_proper_class = saved
+        else:
+            del cls.check_argument_for_proper_class

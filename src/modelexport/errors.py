@@ -30,6 +30,7 @@ __all__ = [
     "TaskDetectionError",
     "ProviderError",
     "InferenceError",
+    "ImageInputError",
     "OptimizationError",
     "TestTimeError",
     "DatasetError",
@@ -177,6 +178,12 @@ class InferenceError(ModelExportError, RuntimeError):
     """Running a model or pipeline failed."""
 
     hint = "check the inputs against the model's inputs (`modelexport metadata MODEL.onnx`)"
+
+
+class ImageInputError(ModelExportError, ValueError):
+    """An image the model cannot take: not a readable image, or a size or shape its processor refuses."""
+
+    hint = "pass an RGB or grayscale photo in a format Pillow reads, of a size and aspect ratio the model's processor accepts"
 
 
 class OptimizationError(ModelExportError, RuntimeError):

@@ -19,7 +19,18 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "modelexport"
 RANKS = {
     **dict.fromkeys(
-        ("errors", "_version", "_config", "_io", "_numeric", "_stages", "_transformers", "onnxfile"), 0
+        (
+            "errors",
+            "_version",
+            "_config",
+            "_io",
+            "_numeric",
+            "_progress",
+            "_stages",
+            "_transformers",
+            "onnxfile",
+        ),
+        0,
     ),
     "hierarchy": 1,
     "metadata": 2,

@@ -56,8 +56,9 @@ def test_ray_evaluate_matches_local_with_and_without_tta(
 
 @pytest.mark.smoke
 def test_ray_evaluate_refuses_a_continual_stream(cnn_export: Any, digit_folder: Path) -> None:
-    with pytest.raises(ConfigError, match="--stream"):
-        evaluate_batch(cnn_export.output_dir, digit_folder, TestTimePolicy(episodic=False), engine="ray")
+    with pytest.raises(ConfigError, match="continual adaptation") as info:
+        evaluate_batch(cnn_export.output_dir, digit_folder, TestTimePolicy(ttt="bn"), engine="ray")
+    assert "--episodic" in info.value.hint
     with pytest.raises(ConfigError, match="num_workers"):
         evaluate_batch(cnn_export.output_dir, digit_folder, engine="ray", num_workers=0)
 
@@ -77,4 +78,4 @@ def test_ray_evaluate_text_classification_matches_local(
     for got, want in ((result, local), (result.baseline, local.baseline)):
         assert (got.accuracy, got.n, got.n_views) == (want.accuracy, want.n, want.n_views)
         assert got.extra["engine"] == "ray" and got.throughput_per_s > 0
-    assert result.n == 40  # n_views: text TTA reports 1 here as locally (predict_texts returns bare probs)
+    assert result.n == 40 and result.n_views == 2 and result.baseline.n_views == 1  # text TTA: 2 views

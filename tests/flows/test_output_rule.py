@@ -21,6 +21,7 @@ import pytest
 import modelexport
 from modelexport.cli.app import main
 from tests.flows.conftest import write_image_folder
+from tests.helpers import message_lines
 
 MODELS_PY = Path(__file__).resolve().parents[1] / "models" / "torch_models.py"
 USER_NOTE = b"my notes, not a model's\n"
@@ -220,7 +221,7 @@ def _check_refusal(
     before: dict[str, str | None], after: dict[str, str | None], err: str, message: str
 ) -> None:
     assert after == before, "a refused run changed the disk"
-    lines = err.strip().splitlines()
+    lines = message_lines(err)
     assert "Traceback" not in err
     error = next(line for line in lines if line.startswith("Error: "))
     assert "refusing" in error and message in error, error

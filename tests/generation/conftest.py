@@ -32,6 +32,21 @@ CAUSAL_LM: dict[str, tuple[str, dict[str, Any]]] = {
             max_position_embeddings=64,
         ),
     ),
+    # a sliding-window layer (window 4) before a full one: prompts longer than the window
+    "gemma3": (
+        "gemma3_text",
+        dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=37,
+            num_key_value_heads=1,
+            head_dim=16,
+            max_position_embeddings=64,
+            sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
     "phi3": (
         "phi3",
         dict(
@@ -151,3 +166,36 @@ def t5_with_past(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("t5")
     src = save_t5(minilm_dir, root / "src")
     return src, root / "out", export(src, root / "out", task="text2text-generation-with-past")
+
+
+class VLMPackages:
+    """Tiny vision-language models saved as folders and exported once per session, per (family, options)."""
+
+    def __init__(self, minilm_dir: Path, root: Path) -> None:
+        self.minilm_dir, self.root = minilm_dir, root
+        self._sources: dict[str, Path] = {}
+        self._exports: dict[tuple[str, str], tuple[Path, Any]] = {}
+
+    def source(self, family: str) -> Path:
+        from tests.models.vlm import VLM_FAMILIES
+
+        if family not in self._sources:
+            self._sources[family] = VLM_FAMILIES[family](self.minilm_dir, self.root / f"{family}_src")
+        return self._sources[family]
+
+    def export(
+        self, family: str, task: str = "image-text-to-text-with-past", **options: Any
+    ) -> tuple[Path, Any]:
+        """(package folder, ExportResult)."""
+        from modelexport.export.api import export
+
+        key = (family, repr((task, sorted(options.items()))))
+        if key not in self._exports:
+            out = self.root / f"{family}_{len(self._exports)}"
+            self._exports[key] = (out, export(self.source(family), out, task=task, **options))
+        return self._exports[key]
+
+
+@pytest.fixture(scope="session")
+def vlm_packages(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> VLMPackages:
+    return VLMPackages(minilm_dir, tmp_path_factory.mktemp("vlm"))

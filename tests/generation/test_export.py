@@ -142,3 +142,27 @@ def test_other_decoders_export_with_past(name: str, minilm_dir: Path, tmp_path: 
             torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=10, do_sample=False
         )
     np.testing.assert_array_equal(ours, ref.numpy())
+
+
+@pytest.mark.regression
+def test_sliding_window_layers_export_with_past_and_generate_like_transformers(
+    minilm_dir: Path, tmp_path: Path
+) -> None:
+    """The model's own cache trims a sliding-window layer to its window, so the example's layers had different
+    past lengths and the export failed; the prefill now fills a plain cache (the mask applies the window)."""
+    import torch
+    import transformers
+
+    from modelexport.inference import pipeline
+
+    src, out, result = export_causal_lm("gemma3", minilm_dir, tmp_path)
+    assert result.coverage["coverage_pct"] == 100.0 and result.parity["passed"]
+    pipe = pipeline("text-generation", model=out)
+    prompts = ["the quick brown fox jumps over the lazy dog", "hello"]  # the first longer than the window
+    ids, mask = pipe.encode(prompts)
+    ours = pipe.generate(ids, mask, pipe.settings(max_new_tokens=8))
+    with torch.no_grad():
+        ref = transformers.AutoModelForCausalLM.from_pretrained(str(src)).generate(
+            torch.tensor(ids), attention_mask=torch.tensor(mask), max_new_tokens=8, do_sample=False
+        )
+    np.testing.assert_array_equal(ours, ref.numpy())

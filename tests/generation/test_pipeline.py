@@ -13,6 +13,7 @@ import pytest
 from modelexport.cli.app import main
 from modelexport.errors import ConfigError
 from modelexport.inference import pipeline
+from tests.helpers import message_lines
 
 PROMPTS = ["hello world", "the quick brown fox jumps over the lazy dog"]
 
@@ -161,8 +162,9 @@ def test_cli_infer_generates(llama_with_past: Any, capsys: pytest.CaptureFixture
     assert doc["predictions"][0][0]["generated_text"].startswith(PROMPTS[0])
     code = main(["infer", str(out), "--text", PROMPTS[0], "--max-new-tokens", "4", "--do-sample", "--seed", "1",
                  "--top-k", "1"])  # fmt: skip
-    captured = capsys.readouterr()
-    assert code == 0 and captured.err.strip(), "one prompt streams its tokens to stderr"
+    out = message_lines(capsys.readouterr().out)
+    assert code == 0 and out[1].startswith(f"{PROMPTS[0]} -> ") and len(out[1]) > len(PROMPTS[0]) + 4, out
+    assert sum(PROMPTS[0] in line for line in out) == 1, "the streamed text is printed once"
 
 
 def test_cli_refuses_generation_options_for_other_tasks(tiny_bert_export: Any) -> None:

@@ -282,7 +282,7 @@ def test_text_model_without_tokenizer_files_is_a_clear_error(task_export: Any, t
 
 @pytest.mark.must
 def test_every_registered_processor_kind_is_tested() -> None:
-    assert set(PROCESSORS) == {"multimodal", "text", "image", "audio"}
+    assert set(PROCESSORS) == {"image-text", "multimodal", "text", "image", "audio"}
 
 
 @pytest.mark.regression

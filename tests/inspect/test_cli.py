@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from modelexport.cli.app import main
+from tests.helpers import message_lines
 
 
 @pytest.mark.smoke
@@ -46,8 +47,11 @@ def test_extract_writes_runnable_model(tiny_bert_export: Any, tmp_path: Path, ca
 @pytest.mark.sanity
 def test_extract_list(reuse_export: Any, capsys: Any) -> None:
     assert main(["extract", str(reuse_export[1].onnx_path), "--list"]) == 0
-    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()[1:]}
-    assert rows["/ReuseTwice/Block"][:2] == ["8", "2"] and rows["/ReuseTwice"][:2] == ["9", "1"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["module", "path", "nodes", "calls", "module", "tag"]
+    rows = {line.split()[-1]: line.split() for line in lines[1:]}  # path, nodes, calls, tag
+    assert rows["/ReuseTwice/Block"] == ["block", "8", "2", "/ReuseTwice/Block"]
+    assert rows["/ReuseTwice"] == ["(root)", "9", "1", "/ReuseTwice"]
 
 
 @pytest.mark.must
@@ -63,7 +67,7 @@ def test_unknown_tag_close_matches_one_line(tiny_bert_export: Any, tmp_path: Pat
             str(out),
         ]
     )
-    err = capsys.readouterr().err.strip().splitlines()
+    err = message_lines(capsys.readouterr().err)
     assert rc == 1 and len(err) == 2 and "close matches: /BertModel/BertEncoder/BertLayer.1" in err[0]
     assert "--list" in err[1] and not out.exists()
 
@@ -88,5 +92,5 @@ def test_profile_runtime_failure_is_one_line(tiny_bert_export: Any, tmp_path: Pa
     npz = tmp_path / "bad.npz"
     np.savez(npz, input_ids=ids, attention_mask=np.ones_like(ids), token_type_ids=np.zeros_like(ids))
     assert main(["profile", str(tiny_bert_export.onnx_path), "--inputs", str(npz)]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
+    err = message_lines(capsys.readouterr().err)
     assert len(err) == 2 and "ONNX Runtime failed to run the model" in err[0] and "idx=500" in err[0]

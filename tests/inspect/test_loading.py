@@ -10,6 +10,7 @@ import pytest
 from modelexport.cli.app import main
 from modelexport.errors import OnnxFileError
 from modelexport.inspect.loading import load_tagged_model
+from tests.helpers import message_lines
 
 EXPECTED = {"missing": "not found", "text": "not an ONNX model", "truncated": "truncated", "empty": "empty"}
 
@@ -31,7 +32,7 @@ def test_cli_bad_file_one_line_no_traceback(
     rc = main([command, str(bad_files[kind]), *extra])
     err = capsys.readouterr().err
     assert rc == 1
-    lines = err.strip().splitlines()
+    lines = message_lines(err)
     assert lines[0].startswith("Error: ") and EXPECTED[kind] in lines[0]
     assert lines[1].startswith("Hint: ") and len(lines) == 2 and "Traceback" not in err
     assert not (tmp_path / "sub.onnx").exists()

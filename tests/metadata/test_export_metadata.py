@@ -18,7 +18,7 @@ from modelexport.metadata import schema as S
 
 
 @pytest.mark.must
-def test_minilm_metadata_schema(minilm_export: Any) -> None:
+def test_minilm_metadata_schema(minilm_export: Any, minilm_dir: Path) -> None:
     meta = read_metadata(minilm_export.onnx_path)
     assert meta[S.KEY_VERSION] == "2.0"
     assert meta[S.KEY_TASK] == "feature-extraction"
@@ -34,6 +34,10 @@ def test_minilm_metadata_schema(minilm_export: Any) -> None:
         meta[S.KEY_OUTPUTS][0]["name"] == "last_hidden_state" and meta[S.KEY_OUTPUTS][0]["shape"][-1] == 384
     )
     assert meta[S.KEY_TIMESTAMP].endswith("+00:00") and meta[S.KEY_EXPORTER_VERSION]
+    # the versions it was exported with; no path of the exporting machine (the source was a local folder)
+    assert {"transformers", "tokenizers", "torch"} <= set(meta[S.KEY_LIBRARIES])
+    assert "_name_or_path" not in meta[S.KEY_MODEL_CONFIG]
+    assert str(minilm_dir) not in json.dumps(meta)
 
 
 @pytest.mark.must

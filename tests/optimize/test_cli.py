@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from modelexport.cli.app import main
+from tests.helpers import message_lines
 
 
 @pytest.mark.compat
@@ -85,7 +86,7 @@ def test_bad_input_gives_one_line_error_hint_and_no_output(
     code = main([a.format(**values) for a in args])
     err = capsys.readouterr().err
     assert code == 1
-    assert err.startswith("Error: ") and message in err.splitlines()[0]
+    assert err.startswith("Error: ") and message in message_lines(err)[0]
     assert "Hint: " in err and "Traceback" not in err
     assert not out.exists()
 

@@ -26,6 +26,24 @@ def digits_export(export_cache: Any, digits_cnn: Any) -> Any:
 
 
 @pytest.fixture(scope="session")
+def shapes() -> Any:
+    """The drawn-shapes dataset (tests/testtime/shapes.py): 3000 training, 1000 held-out images."""
+    from tests.testtime.shapes import load_shapes_data
+
+    return load_shapes_data()
+
+
+@pytest.fixture(scope="session")
+def shapes_export(export_cache: Any, shapes: Any) -> Any:
+    """The image pipeline's CompactCNN trained on the shapes (about 10 s), exported keeping BatchNorm."""
+    from tests.testtime.shapes import train_shapes_cnn
+
+    return export_cache.get(
+        "shapes_cnn", lambda: train_shapes_cnn(shapes), keep_batchnorm=True, input_shape=(1, 1, 16, 16)
+    )
+
+
+@pytest.fixture(scope="session")
 def mlp_export(export_cache: Any) -> Any:
     import torch
 

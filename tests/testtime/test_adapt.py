@@ -94,9 +94,9 @@ def test_momentum_blends_with_the_source(digits_export: Any, digits: Any) -> Non
 @pytest.mark.sanity
 def test_streams_keep_state_only_when_not_episodic(digits_export: Any, digits: Any) -> None:
     x1, x2 = digits.x_test[:32], np.clip(digits.x_test[32:64] * 0.5, 0, 1)
-    episodic = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
+    episodic = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn", episodic=True))
     stream_engine = TestTimeEngine(
-        digits_export.onnx_path, TestTimePolicy(ttt="bn", episodic=False, momentum=0.5)
+        digits_export.onnx_path, TestTimePolicy(ttt="bn", statistics="batch", momentum=0.5)
     )
     s1, s2 = stream_engine.new_stream(), stream_engine.new_stream()
     stream_engine.predict({"x": x1}, s1)
@@ -111,7 +111,21 @@ def test_streams_keep_state_only_when_not_episodic(digits_export: Any, digits: A
 def test_bn_adaptation_on_a_model_without_batchnorm_says_so(mlp_export: Any) -> None:
     with pytest.raises(TestTimeError, match="no BatchNormalization nodes") as info:
         TestTimeEngine(mlp_export.onnx_path, TestTimePolicy(ttt="bn"))
-    assert "keep-batchnorm" in info.value.hint
+    assert "does not have" in info.value.hint and "--tta-transforms" in info.value.hint  # no BN to keep
+
+
+@pytest.mark.must
+def test_bn_adaptation_on_a_cnn_exported_without_batchnorm_hints_keep_batchnorm(export_cache: Any) -> None:
+    """BatchNorm folded into the convolutions at export: keeping it is the fix the hint names."""
+    import torch
+
+    from tests.models.torch_models import SmallCNN
+
+    torch.manual_seed(0)
+    folded = export_cache.get("cnn_bn_folded", SmallCNN)
+    with pytest.raises(TestTimeError, match="no BatchNormalization nodes") as info:
+        TestTimeEngine(folded.onnx_path, TestTimePolicy(ttt="bn"))
+    assert "--keep-batchnorm" in info.value.hint
 
 
 @pytest.mark.must

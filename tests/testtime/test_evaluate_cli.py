@@ -137,7 +137,8 @@ def test_bn_adaptation_on_a_model_without_batchnorm(mlp_export: Any, tmp_path: P
     np.savez(data, x=np.zeros((4, 6), np.float32), y=np.array([0, 1, 2, 0]))
     assert main(["evaluate", str(mlp_export.onnx_path), "--data", str(data), "--ttt", "bn"]) == 1
     err = capsys.readouterr().err
-    assert "no BatchNormalization nodes" in err and "--keep-batchnorm" in err
+    assert "no BatchNormalization nodes" in err and "--tta-transforms" in err  # an MLP has no BN to keep
+    assert "--keep-batchnorm" not in err
 
 
 @pytest.mark.sanity
@@ -154,34 +155,32 @@ def test_missing_data_and_mismatched_classes(
 def test_evaluate_order_and_stream_are_printed_and_applied(
     digits_export: Any, digits_npz: Path, capsys: Any
 ) -> None:
+    """--ttt bn adapts continually with the memory statistics by default; --statistics batch --episodic is
+    the exact per-batch BN whose class-sorted failure the label-shift guard catches."""
     base = ["evaluate", str(digits_export.onnx_path), "--data", str(digits_npz), "--ttt", "bn"]
+    default = _json(capsys, [*base, "--order", "class-sorted", "--baseline", "--format", "json"])
     assert (
-        main([*base, "--order", "class-sorted", "--stream", "--momentum", "0.05", "--bn-prior", "128"]) == 0
+        default["stream"]
+        and default["policy"]["statistics"] == "memory"
+        and not default["policy"]["episodic"]
     )
+    assert default["accuracy"] >= default["baseline"]["accuracy"] - 0.01 and default["fallbacks"] == 0
+    assert main([*base, "--order", "class-sorted"]) == 0
     assert "stream order class-sorted, continual (one stream)" in capsys.readouterr().out
-    unguarded = [*base, "--label-shift-alpha", "0", "--format", "json"]
+    exact = [*base, "--statistics", "batch", "--episodic"]
+    assert main([*exact, "--order", "class-sorted"]) == 0
+    assert "episodic (reset per batch)" in capsys.readouterr().out
+    unguarded = [*exact, "--label-shift-alpha", "0", "--format", "json"]
     sorted_exact = _json(capsys, [*unguarded, "--order", "class-sorted"])
     shuffled_exact = _json(capsys, [*unguarded, "--order", "shuffle"])
     assert sorted_exact["order"] == "class-sorted" and not sorted_exact["stream"]
     assert sorted_exact["accuracy"] < shuffled_exact["accuracy"] - 0.05  # one-class batches break exact BN
-    guarded = _json(capsys, [*base, "--order", "class-sorted", "--baseline", "--format", "json"])
+    guarded = _json(capsys, [*exact, "--order", "class-sorted", "--baseline", "--format", "json"])
     assert guarded["fallbacks"] > 0 and guarded["accuracy"] >= guarded["baseline"]["accuracy"] - 0.01
-    corrected = _json(
-        capsys,
-        [
-            *base,
-            "--order",
-            "class-sorted",
-            "--stream",
-            "--momentum",
-            "0.05",
-            "--bn-prior",
-            "64",
-            "--prior-correction",
-            "--format",
-            "json",
-        ],
-    )
+    running = ["--statistics", "batch", "--momentum", "0.05", "--bn-prior", "64", "--prior-correction"]
+    corrected = _json(capsys, [*base, "--order", "class-sorted", *running, "--format", "json"])
     assert corrected["policy"]["prior_correction"] and corrected["policy"]["label_shift_alpha"] == 0.001
+    assert main([*base, "--momentum", "0.05"]) == 1  # momentum weighs batch statistics
+    assert "--statistics batch" in capsys.readouterr().err
     assert main([*base, "--order", "dirichlet:-1"]) == 1
     assert "alpha must be > 0" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from modelexport.errors import TestTimeError
-from modelexport.testtime import ADAPTATION_METHODS, BNAdapter, TestTimeEngine, TestTimePolicy
+from modelexport.testtime import ADAPTATION_METHODS, POLICY_PRESETS, BNAdapter, TestTimeEngine, TestTimePolicy
 from modelexport.testtime.corruptions import corrupt
 from modelexport.testtime.streams import (
     MIN_BATCH,
@@ -169,7 +169,11 @@ def test_batch_size_one_works_for_every_method(
     source predicts (the label-shift guard's small-batch rule), or the batch alone with the guard off."""
     x = digits.x_test[:4]
     plain = TestTimeEngine(digits_export.onnx_path).predict({"x": x})
-    policies = [TestTimePolicy(ttt=ttt, bn_prior=16.0, episodic=episodic, momentum=1.0 if episodic else 0.1)]
+    policies = [
+        TestTimePolicy(
+            ttt=ttt, statistics="batch", bn_prior=16.0, episodic=episodic, momentum=1.0 if episodic else 0.1
+        )
+    ]
     policies.append(policies[0].with_changes(label_shift_alpha=0.0))
     for policy in policies:
         engine = TestTimeEngine(digits_export.onnx_path, policy)
@@ -189,26 +193,24 @@ def test_class_sorted_batches_break_bn_unless_guarded(digits_export: Any, digits
     """Real data: each class-sorted batch of 64 holds one or two digits; their statistics are not the data's.
     The label-shift guard serves such batches with the source; i.i.d. batches keep exact BN's gain."""
     x, y, path = digits.x_test, digits.y_test, digits_export.onnx_path
+    exact = POLICY_PRESETS["bn-exact"]
     plain, _ = stream_accuracy(path, TestTimePolicy(), x, y, "class-sorted", 64)
-    unguarded, _ = stream_accuracy(
-        path, TestTimePolicy(ttt="bn", label_shift_alpha=0.0), x, y, "class-sorted", 64
-    )
-    guarded, stream = run_stream(path, TestTimePolicy(ttt="bn"), x, y, "class-sorted", 64)
+    unguarded, _ = stream_accuracy(path, exact.with_changes(label_shift_alpha=0.0), x, y, "class-sorted", 64)
+    guarded, stream = run_stream(path, exact, x, y, "class-sorted", 64)
     assert unguarded < plain - 0.1  # the issue's failure
     assert guarded >= plain - 0.01 and stream.fallbacks == 8  # every batch (the last holds 2 < MIN_BATCH)
     assert MIN_BATCH > 2
     shifted = corrupt(x, "contrast", 3)
     plain_iid, _ = stream_accuracy(path, TestTimePolicy(), shifted, y, "shuffle", 64)
-    iid, stream = run_stream(path, TestTimePolicy(ttt="bn"), shifted, y, "shuffle", 64)
+    iid, stream = run_stream(path, exact, shifted, y, "shuffle", 64)
     assert iid > plain_iid + 0.5 and stream.fallbacks <= 2  # adaptation still helps on i.i.d. batches
-    robust = TestTimePolicy(ttt="bn", episodic=False, bn_prior=64.0, momentum=0.05, prior_correction=True)
-    assert stream_accuracy(path, robust, x, y, "class-sorted", 64)[0] >= plain - 0.01
+    assert stream_accuracy(path, POLICY_PRESETS["bn-stream"], x, y, "class-sorted", 64)[0] >= plain - 0.01
 
 
 @pytest.mark.sanity
 def test_label_shifted_batch_teaches_a_continual_stream_nothing(digits_export: Any, digits: Any) -> None:
     order = StreamOrder.parse("class-sorted").indices(digits.y_test)
-    policy = TestTimePolicy(ttt="tent", episodic=False, learning_rate=1e-2)  # batch statistics, continual
+    policy = TestTimePolicy(ttt="tent", statistics="batch", learning_rate=1e-2)  # batch statistics, continual
     engine = TestTimeEngine(digits_export.onnx_path, policy)
     stream = engine.new_stream()
     result = engine.run({"x": digits.x_test[order[:64]]}, stream)
@@ -217,7 +219,7 @@ def test_label_shifted_batch_teaches_a_continual_stream_nothing(digits_export: A
 
 @pytest.mark.sanity
 def test_stream_running_statistics_reset_every_n_batches(digits_export: Any, digits: Any) -> None:
-    policy = TestTimePolicy(ttt="bn", episodic=False, momentum=0.1, reset_every=2)
+    policy = TestTimePolicy(ttt="bn", statistics="batch", momentum=0.1, reset_every=2)
     engine = TestTimeEngine(digits_export.onnx_path, policy)
     stream = engine.new_stream()
     batches = [{"x": digits.x_test[i : i + 32]} for i in range(0, 96, 32)]
@@ -232,7 +234,7 @@ def test_stream_running_statistics_reset_every_n_batches(digits_export: Any, dig
 @pytest.mark.sanity
 def test_sar_learns_only_from_reliable_new_examples(digits_export: Any, digits: Any) -> None:
     assert "sar" in ADAPTATION_METHODS
-    policy = TestTimePolicy(ttt="sar", episodic=False, bn_prior=16.0, learning_rate=1e-2)
+    policy = TestTimePolicy(ttt="sar", statistics="batch", bn_prior=16.0, learning_rate=1e-2)
     engine = TestTimeEngine(digits_export.onnx_path, policy)
     adapter = engine.adapter
     assert adapter is not None
@@ -244,7 +246,7 @@ def test_sar_learns_only_from_reliable_new_examples(digits_export: Any, digits: 
     assert any(not np.array_equal(after_one[n], adapter.source_state[n]) for n in scales)  # it learned
     assert "probs" in stream.memory
     stream.memory["probs"] = np.full(10, 0.1)  # a uniform average: every confident row is new again ...
-    strict = TestTimePolicy(ttt="sar", episodic=False, bn_prior=16.0, reliable_entropy=1e-6)
+    strict = TestTimePolicy(ttt="sar", statistics="batch", bn_prior=16.0, reliable_entropy=1e-6)
     engine2 = TestTimeEngine(digits_export.onnx_path, strict)  # ... but none is reliable enough
     s2 = engine2.new_stream()
     engine2.predict(batch, s2)
@@ -259,7 +261,7 @@ def test_collapse_guard_resets_a_collapsing_stream(digits_export: Any, digits: A
     x, y, path = digits.x_test, digits.y_test, digits_export.onnx_path
     wild = TestTimePolicy(
         ttt="tent",
-        episodic=False,
+        statistics="batch",
         learning_rate=1.0,
         ttt_iterations=3,
         collapse_window=64,

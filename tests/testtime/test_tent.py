@@ -146,20 +146,32 @@ def test_unsupported_operator_is_named(digits_export: Any) -> None:
 
 
 @pytest.mark.must
-def test_tent_parameters_are_written_into_a_copy_of_the_model(digits_export: Any, digits: Any) -> None:
+@pytest.mark.parametrize("statistics", ["batch", "memory"])
+def test_tent_parameters_are_written_into_a_copy_of_the_model(
+    digits_export: Any, digits: Any, statistics: str
+) -> None:
+    """The adapted copy run plainly predicts what the engine predicts. Batch statistics change every BN
+    tensor; the memory statistics of a fresh stream change the affine parameters and the stem layer's
+    statistics (the batch mixed in), deeper layers keep the source's until the memory holds examples."""
     import onnxruntime as ort
 
     from modelexport.testtime.graph import initializer_arrays
 
     feeds = {"x": corrupt(digits.x_test[:128], "contrast", 4)}
-    engine = TestTimeEngine(
-        digits_export.onnx_path, TestTimePolicy(ttt="tent", ttt_iterations=3, learning_rate=1e-2)
-    )
+    policy = TestTimePolicy(ttt="tent", statistics=statistics, ttt_iterations=3, learning_rate=1e-2)
+    engine = TestTimeEngine(digits_export.onnx_path, policy)
     adapted = engine.adapted_model(feeds)
     source = onnx.load(digits_export.onnx_path)
     before, after = initializer_arrays(source), initializer_arrays(adapted)
     changed = {k for k in before if not np.array_equal(before[k], after[k])}
-    assert changed == {p for layer in engine.adapter.layers for p in layer.params}  # type: ignore[union-attr]
+    layers = engine.adapter.layers  # type: ignore[union-attr]
+    if statistics == "batch":
+        assert changed == {p for layer in layers for p in layer.params}
+    else:
+        assert changed == {p for layer in layers for p in (layer.scale, layer.bias)} | {
+            layers[0].mean,
+            layers[0].var,
+        }
     plain = ort.InferenceSession(adapted.SerializeToString()).run(None, feeds)[0]
     np.testing.assert_allclose(_softmax(plain), engine.predict(feeds), rtol=1e-4, atol=1e-5)
     with pytest.raises(TestTimeError, match="adapts nothing"):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .._config import split_names
+from .._progress import progress_bar
 from ..errors import ConfigError
 from ..inference.pipelines import PIPELINES
 from ..inference.pipelines.factory import resolve_task
@@ -118,12 +119,13 @@ def batch_infer(
         call_kwargs=dict(call_kwargs or {}),
         test_time_policy=test_time_policy,
     )
-    from tqdm.auto import tqdm
 
     start = time.perf_counter()
     with (
         ResultSink(output, len(rows), config.keep_columns) as sink,
-        tqdm(total=len(rows), unit="row", disable=not progress, desc=f"infer ({config.engine})") as bar,
+        progress_bar(
+            total=len(rows), unit="row", disable=not progress, desc=f"infer ({config.engine})"
+        ) as bar,
     ):
         for table in ENGINES[config.engine](rows, spec, config):
             sink.add(table)

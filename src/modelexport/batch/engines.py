@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .._stages import announce
 from ..errors import ConfigError
 from .config import BatchConfig
 from .source import Rows
@@ -56,6 +57,12 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+def _ray_log_level() -> int:
+    """Ray's and Ray Data's own lines (cluster start, execution plans) only where the application's logging
+    asks for them: at least WARNING, and what the root logger is set to (the CLI: ERROR unless --debug)."""
+    return max(logging.getLogger().getEffectiveLevel(), logging.WARNING)
+
+
 @contextlib.contextmanager
 def ray_cluster(config: BatchConfig) -> Iterator[Any]:
     """Join ``config.address``, reuse a running connection, or start a local cluster sized to the workers
@@ -64,16 +71,18 @@ def ray_cluster(config: BatchConfig) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
+    quiet = {"log_to_driver": False, "logging_level": _ray_log_level()}
+    announce(f"connecting to Ray at {config.address}" if config.address else "starting a local Ray cluster")
     if config.address:
-        ray.init(address=config.address, log_to_driver=False)
+        ray.init(address=config.address, **quiet)
     else:
         paths = [_package_root(), *filter(None, [os.environ.get("PYTHONPATH")])]
         env = {"PYTHONPATH": os.pathsep.join(paths), "TOKENIZERS_PARALLELISM": "false"}
         ray.init(
             num_cpus=config.num_workers * config.threads_per_worker,
             include_dashboard=False,
-            log_to_driver=False,
             runtime_env={"env_vars": env},
+            **quiet,
         )
     try:
         yield ray
@@ -96,7 +105,9 @@ def map_actors(table: Any, worker: type, args: tuple[Any, ...], config: BatchCon
         context = ray.data.DataContext.get_current()
         context.execution_options.preserve_order = True
         context.enable_progress_bars = False
+        logging.getLogger("ray.data").setLevel(_ray_log_level())  # its own console handler logs INFO
         dataset = ray.data.from_arrow(_blocks(table, config))
+        announce(f"{config.num_workers} Ray actor(s) loading the model and scoring")
         with warnings.catch_warnings():  # Ray >= 2.5x names these args deprecated; they are its defaults
             warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
             predicted = dataset.map_batches(

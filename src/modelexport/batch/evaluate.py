@@ -129,17 +129,17 @@ def evaluate_batch(
 
     On ``ray``, ``throughput_per_s`` is the cluster's: the sum over workers of the examples each ran per
     second of its model time (start-up excluded; ``extra`` has the wall-clock rate). Continual adaptation
-    (a non-episodic policy) is refused: its one stream of batches cannot be split across workers.
+    (``policy.continual``) is refused: its one stream of batches cannot be split across workers.
     """
     config = BatchConfig(engine, num_workers, threads_per_worker, batch_size, address)
     if config.engine == "local":
         return evaluate(model, data, policy, batch_size, baseline, list(providers or ()), order=order)
     policy = policy or TestTimePolicy()
-    if not policy.episodic:
+    if policy.continual:
         raise ConfigError(
-            "continual adaptation (--stream) adapts along one stream of batches; the ray engine splits "
-            "the batches across workers",
-            hint="run it with --engine local, or drop --stream (BN adaptation per batch works on ray)",
+            "continual adaptation (the default for --ttt) adapts along one stream of batches; the ray engine "
+            "splits the batches across workers",
+            hint="run it with --engine local, or add --episodic (adaptation per batch works on ray)",
         )
     require_pyarrow()
     require_ray()

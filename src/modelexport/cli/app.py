@@ -1,17 +1,24 @@
-"""Entry point: global options, lazy command registry, and error-to-message mapping."""
+"""Entry point: global options, lazy command registry, logging, and error-to-message mapping."""
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import traceback
+import warnings
+from typing import Any
 
 import click
 
+from .._config import closest
 from .._version import __version__
 from ..errors import ModelExportError
+from .display import MAX_COLUMNS, LogFormatter
+from .display import message as message_line
 from .hints import EXIT_CODES, hint_for
+from .options import VALUE_CHECKS
 
 __all__ = ["cli", "main", "COMMANDS"]
 
@@ -32,8 +39,9 @@ COMMANDS: dict[str, str] = {
     "pipeline": "modelexport.cli.pipeline:pipeline_cmd",
 }
 
-_STATE = {"debug": False}
-_LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
+_STATE: dict[str, Any] = {"debug": False, "command": None, "options": None}
+#: Commands that never start ONNX Runtime's own tools (whose C++ warnings the quiet default hides).
+_NO_ORT = frozenset({"analyze", "metadata", "validate", "extract"})
 
 
 class LazyGroup(click.Group):
@@ -47,11 +55,57 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module_name, attr = target.split(":")
-        return getattr(importlib.import_module(module_name), attr)
+        return _checked(getattr(importlib.import_module(module_name), attr))
+
+
+class _Choice(click.Choice):
+    """A choice whose error names the closest valid value and every valid one."""
+
+    def get_invalid_choice_message(self, value: Any, ctx: click.Context | None) -> str:
+        valid = [str(c) for c in self.choices]
+        guess = closest(value, valid)
+        mean = f" (did you mean {guess!r}?)" if guess else ""
+        return f"{str(value)[:80]!r} is not valid{mean}; valid: {', '.join(valid)}."
+
+
+def _checked(command: click.Command) -> click.Command:
+    """Every command's choices say "did you mean", and an unknown option that shares its first letters
+    with options such as ``-O1``..``-O4`` is named whole (``-O5``), with them, not as ``-O``."""
+    if getattr(command, "_modelexport_checked", False):
+        return command
+    for param in command.params:
+        if type(param.type) is click.Choice:
+            param.type.__class__ = _Choice
+        check = next((VALUE_CHECKS[o] for o in param.opts if o in VALUE_CHECKS), None)
+        if check is not None and param.callback is None:
+            param.callback = check
+    parse_args = command.parse_args
+
+    def parse_with_prefixes(ctx: click.Context, args: list[str]) -> list[str]:
+        _check_joined_options(ctx, command, args)
+        return parse_args(ctx, args)
+
+    command.parse_args = parse_with_prefixes  # type: ignore[method-assign]
+    command._modelexport_checked = True  # type: ignore[attr-defined]
+    return command
+
+
+def _check_joined_options(ctx: click.Context, command: click.Command, args: list[str]) -> None:
+    """click reads ``-O5`` as ``-O`` with the value 5 and says "No such option '-O'"; name ``-O5``."""
+    names = {o for p in command.params if isinstance(p, click.Option) for o in (*p.opts, *p.secondary_opts)}
+    for arg in args:
+        if arg == "--":
+            return
+        name = arg.split("=", 1)[0]
+        if arg.startswith("-") and not arg.startswith("--") and len(name) > 2 and name not in names:
+            similar = sorted(n for n in names if len(n) > 2 and n[:2] == name[:2] and not n.startswith("--"))
+            if similar and name[:2] not in names:
+                like = ", ".join(similar)
+                raise click.NoSuchOption(name, f"No such option '{name}'; options like it: {like}.", ctx=ctx)
 
 
 @click.group(
-    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110}
+    cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": MAX_COLUMNS}
 )
 @click.version_option(__version__, prog_name="modelexport")
 @click.option(
@@ -64,25 +118,49 @@ class LazyGroup(click.Group):
 @click.option(
     "--debug", is_flag=True, help="Print full tracebacks on errors; --log-level applies to every library."
 )
-def cli(log_level: str, debug: bool) -> None:
+@click.pass_context
+def cli(ctx: click.Context, log_level: str, debug: bool) -> None:
     """modelexport: export PyTorch / Hugging Face models to hierarchy-tagged ONNX, inspect, optimize and run them."""
     _STATE["debug"] = debug
-    level = getattr(logging, log_level.upper())
-    # --log-level is modelexport's own verbosity; torch, onnxscript, onnx_ir... stay at WARNING (their
-    # INFO lines are their internals) unless --debug asks for everything.
-    logging.basicConfig(level=level if debug else max(level, logging.WARNING), format=_LOG_FORMAT)
+    _STATE["command"] = ctx.invoked_subcommand
+    command = cli.get_command(ctx, ctx.invoked_subcommand) if ctx.invoked_subcommand else None
+    if command is not None:
+        _STATE["options"] = {o for p in command.params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+    setup_logging(
+        getattr(logging, log_level.upper()), debug, onnxruntime=ctx.invoked_subcommand not in _NO_ORT
+    )
+
+
+def setup_logging(level: int, debug: bool, onnxruntime: bool = True) -> None:
+    """Quiet by default: modelexport's own messages at ``level`` (WARNING unless ``--log-level``); other
+    libraries' warnings (Python warnings, their loggers, ONNX Runtime's and Ray's C++ logs) only with
+    ``--debug``, which shows every library at ``level``. Errors always show."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(LogFormatter())
+    logging.basicConfig(handlers=[handler])  # only where the application has not set up logging itself
+    logging.getLogger().setLevel(level if debug else logging.ERROR)
     logging.getLogger("modelexport").setLevel(level)
+    if debug:
+        return
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"modelexport(\.|$)")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    if onnxruntime:
+        import onnxruntime as ort
+
+        ort.set_default_logger_severity(3)  # sessions ORT's own tools create (quantization, shape inference)
 
 
 def _report(exc: BaseException) -> int:
-    """Print one clear message (and a hint); the traceback only with --debug."""
+    """Print one clear message (and a hint, spelled for the command run); the traceback only with --debug."""
     if _STATE["debug"]:
         traceback.print_exception(exc)
     message = str(exc) or type(exc).__name__
-    click.secho(f"Error: {message}", fg="red", err=True)
-    hint = hint_for(exc)
+    click.secho(message_line(f"Error: {message}"), fg="red", err=True)
+    hint = hint_for(exc, _STATE["command"], _STATE["options"])
     if hint:
-        click.echo(f"Hint: {hint}", err=True)
+        click.echo(message_line(f"Hint: {hint}"), err=True)
 
     known = isinstance(exc, ModelExportError | OSError | MemoryError)
     if not known and not _STATE["debug"]:
@@ -98,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return EXIT_CODES["interrupted"]
+    except click.UsageError as exc:
+        _usage_error(exc)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
@@ -109,6 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the one place errors become messages
         return _report(exc)
     return rv if isinstance(rv, int) else 0
+
+
+def _usage_error(exc: click.UsageError) -> None:
+    """click's usage error, with the message wrapped to the terminal (a long list of choices stays readable)."""
+    if exc.ctx is not None:
+        click.echo(message_line(exc.ctx.get_usage()), err=True)
+        click.echo(f"Try '{exc.ctx.command_path} --help' for help.\n", err=True)
+    click.echo(message_line(f"Error: {exc.format_message()}"), err=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,7 +9,8 @@ import click
 
 from ..batch.evaluate import evaluate_batch
 from ..inference.evaluate import evaluate
-from ..testtime.policy import TestTimePolicy
+from ..testtime.policy import STATISTICS, TestTimePolicy
+from .display import echo, progress
 from .options import ray_engine_options
 
 __all__ = ["evaluate_cmd"]
@@ -79,12 +80,40 @@ def _table(result: Any) -> str:
     help="Test-time adaptation: bn statistics, tent, sar (reliable entropy minimisation, EATA/SAR-style).",
 )
 @click.option(
+    "--statistics",
+    type=click.Choice(STATISTICS.names()),
+    default="memory",
+    show_default=True,
+    help="BN statistics: memory (robust: a class-balanced memory of the stream's recent examples, for any "
+    "order and batch size) or batch (each batch's own; i.i.d. batches of 16 or more).",
+)
+@click.option(
+    "--memory-size",
+    type=click.IntRange(1, 100_000),
+    default=64,
+    show_default=True,
+    help="--statistics memory: examples the stream's class-balanced memory holds.",
+)
+@click.option(
+    "--stem-prior",
+    type=click.FloatRange(0, None),
+    default=8.0,
+    show_default=True,
+    help="--statistics memory: the source statistics' weight (examples) in the stem BN layers.",
+)
+@click.option(
+    "--deep-prior",
+    type=click.FloatRange(0, None),
+    default=32.0,
+    show_default=True,
+    help="--statistics memory: the source statistics' weight (examples) in the deeper BN layers.",
+)
+@click.option(
     "--bn-prior",
     type=float,
     default=0.0,
     show_default=True,
-    help="Source statistics' weight in pseudo-examples (batch of n gets n/(n+N)); use with class-sorted "
-    "batches or batch size 1.",
+    help="--statistics batch: the source statistics' weight in pseudo-examples (batch of n gets n/(n+N)).",
 )
 @click.option(
     "--order",
@@ -93,11 +122,12 @@ def _table(result: Any) -> str:
     help="Stream order to test under: as-is, shuffle, class-sorted, dirichlet:ALPHA (seeded by --seed).",
 )
 @click.option(
-    "--stream", is_flag=True, help="Continual adaptation across batches (one stream) instead of per batch."
+    "--stream/--episodic",
+    default=True,
+    show_default=True,
+    help="Adapt continually along the batches (one stream, the default) or reset to the source per batch.",
 )
-@click.option(
-    "--reset-every", type=int, default=None, help="With --stream: reset to the source every N batches."
-)
+@click.option("--reset-every", type=int, default=None, help="Continual: reset to the source every N batches.")
 @click.option(
     "--collapse-threshold",
     type=float,
@@ -111,9 +141,8 @@ def _table(result: Any) -> str:
     type=float,
     default=0.001,
     show_default=True,
-    help="Label-shift guard for batch-statistics methods (exact BN, Tent): a batch whose predicted classes "
-    "fail a G-test against the stream's at this significance, or under 16 examples, is predicted by the "
-    "source model (0: off).",
+    help="--statistics batch: the label-shift guard: a batch whose predicted classes fail a G-test against "
+    "the stream's at this significance, or under 16 examples, is predicted by the source model (0: off).",
 )
 @click.option(
     "--prior-correction",
@@ -131,7 +160,7 @@ def _table(result: Any) -> str:
     type=float,
     default=1.0,
     show_default=True,
-    help="BN blend: 1 = test-batch statistics only; with --stream, the running statistics' momentum.",
+    help="--statistics batch: 1 = test-batch statistics only; continual, the running statistics' momentum.",
 )
 @click.option(
     "--learning-rate", type=float, default=1e-3, show_default=True, help="Tent learning rate (Adam)."
@@ -150,7 +179,7 @@ def _table(result: Any) -> str:
 @click.option("--baseline", is_flag=True, help="Also measure the plain model.")
 @ray_engine_options(
     "local: this process; ray: Ray actors, the policy applied inside each (needs "
-    "'modelexport[distributed]'; not with --stream)."
+    "'modelexport[distributed]'; adaptation needs --episodic there)."
 )
 @click.option("--ep", "providers", default=None, help="Execution providers in order, e.g. cuda,cpu.")
 @click.option(
@@ -168,6 +197,10 @@ def evaluate_cmd(
     tta_aggregate: str,
     tta_threshold: float | None,
     ttt: str,
+    statistics: str,
+    memory_size: int,
+    stem_prior: float,
+    deep_prior: float,
     bn_prior: float,
     order: str,
     stream: bool,
@@ -196,6 +229,10 @@ def evaluate_cmd(
         tta_aggregate=tta_aggregate,
         adaptive_threshold=tta_threshold,
         ttt=ttt,
+        statistics=statistics,
+        memory_size=memory_size,
+        stem_prior=stem_prior,
+        deep_prior=deep_prior,
         bn_prior=bn_prior,
         episodic=not stream,
         reset_every=reset_every,
@@ -212,9 +249,7 @@ def evaluate_cmd(
     if engine == "local":
         if num_workers != 1 or address:
             raise click.UsageError("--num-workers and --address need --engine ray")
-        from rich.console import Console
-
-        with Console(stderr=True).status("Evaluating (load, then run every batch)..."):
+        with progress(f"evaluate {model} on {data}"):
             result = evaluate(
                 model,
                 data,
@@ -222,22 +257,25 @@ def evaluate_cmd(
                 batch_size=batch_size,
                 baseline=baseline,
                 order=order,
-                stream=stream,
                 providers=ep,
             )
     else:
-        result = evaluate_batch(
-            model,
-            data,
-            policy,
-            engine,
-            num_workers=num_workers,
-            threads_per_worker=threads_per_worker,
-            batch_size=batch_size,
-            address=address,
-            baseline=baseline,
-            providers=ep,
-            order=order,
-        )
-    click.echo(json.dumps(result.to_dict(), indent=2) if fmt == "json" else _table(result))
+        with progress(f"evaluate {model} on {data} (Ray)", spinner=False):
+            result = evaluate_batch(
+                model,
+                data,
+                policy,
+                engine,
+                num_workers=num_workers,
+                threads_per_worker=threads_per_worker,
+                batch_size=batch_size,
+                address=address,
+                baseline=baseline,
+                providers=ep,
+                order=order,
+            )
+    if fmt == "json":
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    else:
+        echo(_table(result), more="--format json")
     return 0

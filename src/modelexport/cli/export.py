@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..export import ExportConfig, export, load_input_specs
+from .display import diff, echo, progress
 from .options import overwrite_option
 
 __all__ = ["export_cmd"]
@@ -24,9 +25,8 @@ def _shape(value: str | None) -> tuple[int, ...] | None:
 
 def _coverage(cov: dict[str, Any], graph: str = "") -> str:
     sources = ", ".join(f"{k} {v}" for k, v in sorted(cov["by_source"].items()))
-    return (
-        f"  hierarchy tags{graph}: {cov['coverage_pct']}% of nodes ({sources}), {cov['unique_tags']} modules"
-    )
+    modules = cov.get("modules", cov["unique_tags"])  # counted as analyze and report count them
+    return f"  hierarchy tags{graph}: {cov['coverage_pct']}% of nodes ({sources}), {modules} modules"
 
 
 def _summary(result: Any) -> str:
@@ -38,12 +38,12 @@ def _summary(result: Any) -> str:
     if result.topology_identical is not None:
         lines.append("  topology: identical to plain torch.onnx.export")
     if result.parity:
-        diffs = ", ".join(f"{k} {v:.2e}" for k, v in result.parity["max_abs_diff"].items())
+        diffs = ", ".join(f"{k} {diff(v)}" for k, v in result.parity["max_abs_diff"].items())
         p = result.parity
         atol = f"atol {p['atol']}" + (" x max(1, |output|)" if "bound" in p else "")
         lines.append(f"  parity vs PyTorch ({p.get('dtype', 'float32')}, {atol}, {p['provider']}): {diffs}")
         for name, other in p.get("files", {}).items():
-            diffs = ", ".join(f"{k} {v:.2e}" for k, v in other["max_abs_diff"].items())
+            diffs = ", ".join(f"{k} {diff(v)}" for k, v in other["max_abs_diff"].items())
             lines.append(f"  parity of {name} vs PyTorch (atol {other['atol']:g}): {diffs}")
     lines.append("  files: " + ", ".join(sorted(result.files.values())))
     lines += [f"  note: {n}" for n in result.notes]
@@ -203,9 +203,10 @@ def export_cmd(model: str, output: str, **opts: Any) -> int:
             else {}
         ),
     )
-    from rich.console import Console
-
-    with Console(stderr=True).status("Exporting...") as status:
-        result = export(model, output, config, on_stage=lambda stage: status.update(f"Exporting: {stage}..."))
-    click.echo(json.dumps(result.to_dict(), indent=2, default=str) if fmt == "json" else _summary(result))
+    with progress(f"export {model}"):
+        result = export(model, output, config)
+    if fmt == "json":
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        echo(_summary(result), more="--format json")
     return 0

@@ -11,12 +11,15 @@ import time
 from typing import Any
 
 import click
+import numpy as np
 
 from ..batch import batch_infer
 from ..errors import ConfigError
 from ..inference import pipeline
 from ..inference.pipelines.seq2seq import SPEECH_DECODER_TASKS, SpeechRecognitionPipeline
+from ..inference.pipelines.vlm import check_images, is_vision_text_package, pair_inputs
 from ..metadata.tasks import normalize_task
+from .display import WrappedStream, echo, progress
 from .options import overwrite_option, ray_engine_options
 
 __all__ = ["infer_cmd"]
@@ -27,9 +30,21 @@ _OPTION_FOR = {"texts": "--text", "images": "--image", "audio": "--audio"}
 
 
 def _inputs(
-    texts: tuple[str, ...], images: tuple[str, ...], audio: tuple[str, ...], question: str | None
+    texts: tuple[str, ...],
+    images: tuple[str, ...],
+    audio: tuple[str, ...],
+    question: str | None,
+    vision_text: bool = False,
 ) -> tuple[Any, str]:
-    """The items to run and the processor modality they are for."""
+    """The items to run and the processor modality they are for; a vision-language package takes --image and
+    --text together (paired in order; one of either goes with every one of the other)."""
+    if vision_text:
+        if audio or question is not None or not images or not texts:
+            raise ConfigError(
+                "this model is image-text-to-text: give --image and --text (each repeatable, paired in order)",
+                hint='e.g. --image photo.png --text "Describe the image."',
+            )
+        return pair_inputs(list(images), list(texts)), "images+texts"
     given = [(x, kind) for x, kind in ((texts, "texts"), (images, "images"), (audio, "audio")) if x]
     if len(given) != 1:
         raise ConfigError("give exactly one kind of input: --text, --image or --audio (each repeatable)")
@@ -40,7 +55,12 @@ def _inputs(
     return list(given[0][0]), given[0][1]
 
 
-def _check_modality(pipe: Any, kind: str) -> None:
+def _check_modality(pipe: Any, kind: str, question: str | None = None) -> None:
+    if question is not None and pipe.task != "question-answering":
+        raise ConfigError(
+            f"--question is for question-answering models; this model's task is {pipe.task}",
+            hint="leave --question out, or give a question-answering model",
+        )
     wanted = getattr(getattr(pipe, "processor", None), "modality", "")
     if wanted in _OPTION_FOR and wanted != kind:
         raise ConfigError(
@@ -149,36 +169,36 @@ def _run_batch(
     as_json: bool,
     batch: dict[str, Any],
 ) -> int:
-
-    result = batch_infer(
-        model,
-        batch["data"],
-        batch["output"],
-        batch["engine"],
-        num_workers=batch["num_workers"],
-        threads_per_worker=batch["threads_per_worker"],
-        batch_size=batch_size,
-        address=batch["address"],
-        keep_columns=batch["keep_columns"],
-        task=task,
-        input_column=batch["input_column"],
-        providers=providers,
-        call_kwargs={} if top_k is None else {"top_k": top_k},
-        progress=not as_json,
-        overwrite=batch["overwrite"],
-    )
+    with progress(f"infer {model} on {batch['data']} ({batch['engine']})", spinner=False):
+        result = batch_infer(
+            model,
+            batch["data"],
+            batch["output"],
+            batch["engine"],
+            num_workers=batch["num_workers"],
+            threads_per_worker=batch["threads_per_worker"],
+            batch_size=batch_size,
+            address=batch["address"],
+            keep_columns=batch["keep_columns"],
+            task=task,
+            input_column=batch["input_column"],
+            providers=providers,
+            call_kwargs={} if top_k is None else {"top_k": top_k},
+            progress=not as_json,
+            overwrite=batch["overwrite"],
+        )
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
         return 0
-    click.echo(
+    echo(
         f"wrote {result.rows} row(s) to {result.output} ({result.task}, engine {batch['engine']}): "
         f"{result.seconds:.1f} s, {result.rows_per_s:.1f} rows/s"
     )
     if result.errors:
         first = result.error_examples[0]
-        click.secho(
+        echo(
             f"{result.errors} row(s) failed and were written with an error, e.g. id {first['id']}: {first['error']}",
-            fg="yellow",
+            more="--json",
             err=True,
         )
     return 0
@@ -251,8 +271,8 @@ def _check_generation_options(
                 f"--{used[0].replace('_', '-')} is for text generation; this model's task is {pipe.task}"
             )
         return
-    if streaming:
-        kwargs["streamer"] = lambda text: click.echo(text, nl=False, err=True)
+    if streaming:  # after "PROMPT -> ": the continuation as it comes, wrapped at the terminal's width
+        kwargs["streamer"] = WrappedStream(0)
 
 
 @click.command("infer")
@@ -299,7 +319,7 @@ def _check_generation_options(
 )
 @click.option(
     "--top-k",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Labels per input for classification tasks; for text generation, sample from the k best tokens.",
 )
@@ -336,23 +356,32 @@ def infer_cmd(
             )
         return _run_batch(model, task, providers, batch_size or 32, top_k, as_json, batch)
     batch_size = batch_size or 1
-    items, kind = _inputs(texts, images, audio, question)
+    vision_text = bool(images or texts) and is_vision_text_package(model, task)
+    items, kind = _inputs(texts, images, audio, question, vision_text)
+    if vision_text:
+        check_images(model, images)  # an image the model cannot take fails here, before any graph loads
     kwargs: dict[str, Any] = dict(prompt)
     if top_k is not None:
         kwargs["top_k"] = top_k
     kwargs.update({k: v for k, v in generation.items() if v is not None})
     start = time.perf_counter()
-    pipe = pipeline(task, model, providers=providers, batch_size=batch_size)
+    with progress(f"infer {model}: loading"):
+        pipe = pipeline(task, model, providers=providers, batch_size=batch_size)
     load_ms = (time.perf_counter() - start) * 1000
-    _check_modality(pipe, kind)
+    _check_modality(pipe, kind, question)
     _check_speech_options(pipe, prompt)
     _check_generation_options(pipe, generation, streaming=not as_json and len(items) == 1, kwargs=kwargs)
+    info = pipe.describe()
+    streamed = "streamer" in kwargs
+    if streamed:  # the header, then the prompt and its continuation as it comes: each printed once
+        echo(f"model: {info['model']}   task: {pipe.task}   provider: {info['provider']}")
+        click.echo(f"{_item(items[0])} -> ", nl=False)
+        kwargs["streamer"].column = len(f"{_item(items[0])} -> ")
     start = time.perf_counter()
     predictions = pipe(items, **kwargs)
     run_ms = (time.perf_counter() - start) * 1000
-    if "streamer" in kwargs:
-        click.echo("", err=True)  # end the streamed line
-    info = pipe.describe()
+    if streamed:
+        click.echo("")  # end the streamed line
     if as_json:
         doc = {
             "model": info["model"],
@@ -367,11 +396,73 @@ def infer_cmd(
         }
         click.echo(json.dumps(doc, indent=2))
         return 0
-    click.echo(f"model: {info['model']}   task: {pipe.task}   provider: {info['provider']}")
-    for item, pred in zip(items, predictions, strict=True):
-        shown = json.dumps(_jsonable(pred))
-        click.echo(f"{str(item)[:60]!s} -> {shown if len(shown) <= 400 else shown[:397] + '...'}")
-    click.echo(
-        f"latency: {run_ms:.1f} ms for {len(items)} input(s) ({run_ms / len(items):.1f} ms each), load {load_ms:.0f} ms"
+    if not streamed:
+        echo(f"model: {info['model']}   task: {pipe.task}   provider: {info['provider']}")
+    lines = []
+    if not streamed:
+        lines += [
+            f"{_item(item)} -> {_prediction(pred, item)}"
+            for item, pred in zip(items, predictions, strict=True)
+        ]
+    lines.append(
+        f"latency: {run_ms:.1f} ms for {len(items)} input(s) ({run_ms / len(items):.1f} ms each), "
+        f"load {load_ms:.0f} ms"
     )
+    echo("\n".join(lines), more="--json", wrap=False)
     return 0
+
+
+def _item(item: Any) -> str:
+    """An input as a line starts with it: a text, a question, or an image or audio file."""
+    if isinstance(item, dict) and "images" in item:  # a vision-language (image, prompt) pair
+        return f"{item['images']}: {item['text']}"[:60]
+    if isinstance(item, dict):
+        return f"{item.get('question', '')} | {item.get('context', '')}"
+    return str(item)[:60]
+
+
+def _prediction(pred: Any, item: Any = None) -> str:
+    """A prediction in a few words: labels with scores, generated text (after its prompt, as streamed), or an
+    embedding's size and first values."""
+    pred = _jsonable(pred)
+    if isinstance(pred, dict) and len(pred) == 1 and isinstance(next(iter(pred.values())), str):
+        text = next(iter(pred.values()))  # {"generated_text": ...}, {"text": ...}
+        prompt = item if isinstance(item, str) else None
+        return text[len(prompt) :].strip() if prompt and text.startswith(prompt) else text
+    if isinstance(pred, list) and len(pred) == 1 and isinstance(pred[0], dict) and len(pred[0]) == 1:
+        return _prediction(pred[0], item)
+    if isinstance(pred, list) and pred and all(_named(p) for p in pred):
+        return ", ".join(_named(p) or "" for p in pred)
+    if _named(pred):
+        return _named(pred) or ""
+    values = np.asarray(pred, dtype=object)
+    if values.size > 8 and values.dtype == object and _numeric(pred):
+        flat = np.asarray(pred, dtype=np.float64)
+        start = ", ".join(f"{v:.4f}" for v in flat.reshape(-1)[:4])
+        return f"{' x '.join(map(str, flat.shape))} values [{start}, ...]"
+    return json.dumps(pred, ensure_ascii=False)
+
+
+#: Fields that name what a prediction found: a class, an answer, an entity (with its words).
+_NAMES = ("label", "answer", "entity_group", "entity")
+
+
+def _named(pred: Any) -> str | None:
+    """``positive 0.981``, ``'paris' 0.412``, ``LOC paris 0.97``: a prediction dict's name and score."""
+    if not isinstance(pred, dict):
+        return None
+    name = next((k for k in _NAMES if k in pred), None)
+    if name is None:
+        return None
+    value = repr(pred[name]) if name == "answer" else str(pred[name])
+    if name != "answer" and "word" in pred:
+        value += f" {pred['word']}"
+    return f"{value} {pred['score']:.3f}" if isinstance(pred.get("score"), float) else value
+
+
+def _numeric(value: Any) -> bool:
+    try:
+        np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    return True

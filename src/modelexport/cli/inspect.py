@@ -8,22 +8,25 @@ atomically); errors are raised as ModelExportError subclasses for the app.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 
 from .._io import write_text
+from ..errors import ConfigError
 from ..inspect.analyze import AnalyzeConfig, analyze
 from ..inspect.compare import compare
 from ..inspect.extract import call_instances, extract_module_subgraph, extract_plan
-from ..inspect.formats import TERMINAL_WIDTH, file_name_for, format_for_path, render
+from ..inspect.formats import MACHINE_FORMATS, file_name_for, format_for_path, render
 from ..inspect.loading import load_tagged_model
 from ..inspect.node_data import NODE_DATA_NAME, profile_overlay, write_node_data
 from ..inspect.optimum import validate_optimum_compatibility
-from ..inspect.profile import ProfileConfig, profile
+from ..inspect.profile import ProfileConfig, profile, profile_package
 from ..inspect.validate import repair as repair_fn
 from ..inspect.validate import validate
-from ..onnxfile import OutputPlan, plan_output
+from ..onnxfile import OutputPlan, package_components, plan_output
+from .display import columns, echo, progress, shorten
 from .options import overwrite_option
 
 __all__ = ["analyze_cmd", "validate_cmd", "compare_cmd", "extract_cmd", "profile_cmd"]
@@ -62,9 +65,11 @@ def _emit(command: str, result: Any, fmt: str, plan: OutputPlan | None, wide: bo
 
     if plan is not None:
         write_text(plan.path, render(command, fmt, result))
-        click.echo(f"wrote {plan.path}")
-    else:
-        click.echo(render(command, fmt, result, None if wide else TERMINAL_WIDTH), nl=False)
+        echo(f"wrote {plan.path}")
+    elif wide or fmt in MACHINE_FORMATS:
+        click.echo(render(command, fmt, result), nl=False)
+    else:  # tables: a long row is cut, not wrapped
+        echo(render(command, fmt, result), more="--wide (or --format json)", wrap=False)
 
 
 @click.command("analyze")
@@ -111,18 +116,15 @@ def analyze_cmd(
 
 
 def _optimum_report(folder: str, fmt: str) -> bool:
-    from rich.console import Console
-
-    with Console(stderr=True).status("Checking Optimum compatibility (loads the folder with Optimum)..."):
+    with progress(f"validate --optimum {folder}: loading the folder with Optimum"):
         report = validate_optimum_compatibility(folder)
     if fmt == "json":
         import json
 
         click.echo(json.dumps(report.to_dict(), indent=2, default=str))
     else:
-        click.echo(f"{folder}: Optimum {'compatible' if report.ok else 'NOT compatible'}")
-        for f in report.findings:
-            click.echo(f"  {f}")
+        lines = [f"{folder}: Optimum {'compatible' if report.ok else 'NOT compatible'}"]
+        echo("\n".join([*lines, *(f"  {f}" for f in report.findings)]), more="--format json")
     return bool(report.ok)
 
 
@@ -178,14 +180,15 @@ def validate_cmd(
             fixed = repair_fn(
                 model, direction="nodes" if trust == "sidecar" else "sidecar", hierarchy=hierarchy
             )
-            click.echo(
+            lines = [
                 f"repair ({fixed.direction}): {len(fixed.changes)} change(s)"
                 + (f", wrote {fixed.written}" if fixed.written else "")
-            )
-            for change in fixed.changes[:50]:
-                click.echo(f"  {change}")
-        report = validate(model, check_consistency=check_consistency or repair, hierarchy=hierarchy)
-        click.echo(render("validate", fmt, report), nl=False)
+            ]
+            echo("\n".join([*lines, *(f"  {change}" for change in fixed.changes[:50])]))
+        with progress(f"validate {model}"):
+            report = validate(model, check_consistency=check_consistency or repair, hierarchy=hierarchy)
+        text = render("validate", fmt, report)
+        click.echo(text, nl=False) if fmt == "json" else echo(text, more="--format json")
         ok = report.ok
     if optimum_dir is not None:
         ok = _optimum_report(optimum_dir, fmt) and ok
@@ -234,9 +237,10 @@ def compare_cmd(
 
     plan, fmt = _plan("compare", output, fmt, "text", [model_a, model_b, inputs], overwrite)
     providers = tuple(p for p in (ep or "").split(",") if p.strip())
-    result = compare(
-        model_a, model_b, numeric=numeric or inputs is not None, inputs=inputs, providers=providers
-    )
+    with progress(f"compare {model_a} {model_b}"):
+        result = compare(
+            model_a, model_b, numeric=numeric or inputs is not None, inputs=inputs, providers=providers
+        )
     _emit("compare", result, fmt, plan, wide)
     return 0
 
@@ -250,17 +254,28 @@ def _call(value: str) -> int | str:
         raise click.BadParameter(f"expected a call index (0, 1, ...) or 'all', got {value!r}") from exc
 
 
-def _list_modules(model: str, hierarchy: str | None) -> None:
-
+def _list_modules(model: str, hierarchy: str | None, fmt: str) -> None:
+    """The extractable modules: module path (what --module takes, as does the tag), nodes, calls, tag."""
     tm = load_tagged_model(model, hierarchy=hierarchy, weights=False)
     modules = (tm.sidecar or {}).get("modules", {})
     paths = (tm.sidecar or {}).get("tags", {})
-    click.echo(f"{'module tag':<80} {'nodes':>6} {'calls':>5}  module path")
+    rows = []
     for tag in tm.index.all_tags:
         members = tm.index.nodes_within(tag)
         count = modules.get(paths.get(tag), {}).get("call_count") if paths.get(tag) is not None else None
         calls = count if count else len(call_instances(tm.index, members, None) or [members])
-        click.echo(f"{tag:<80} {len(members):>6} {calls:>5}  {paths.get(tag, '')}")
+        rows.append({"module_path": paths.get(tag), "tag": tag, "nodes": len(members), "calls": calls})
+    if fmt == "json":
+        import json
+
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = min(max((len(r["module_path"] or "") for r in rows), default=0), columns() // 2)
+    lines = [f"{'module path':<{width}} {'nodes':>6} {'calls':>5}  module tag"]
+    for r in rows:
+        path = shorten(r["module_path"] or "(root)" if r["module_path"] is not None else "-", width)
+        lines.append(f"{path:<{width}} {r['nodes']:>6} {r['calls']:>5}  {r['tag']}")
+    echo("\n".join(lines), more="--format json", wrap=False)
 
 
 @click.command("extract")
@@ -316,23 +331,24 @@ def extract_cmd(
     import json
 
     if list_only:
-        _list_modules(model, hierarchy)
+        _list_modules(model, hierarchy, fmt)
         return 0
     if not module or not output:
         raise click.UsageError("extract needs --module TAG and --output SUB.onnx (or --list)")
     plan = extract_plan(output, module, [model, hierarchy], overwrite)
-    sub = extract_module_subgraph(model, hierarchy, module, call=_call(call))
-    path = sub.save(plan.path, overwrite=overwrite, inputs=[model, hierarchy])
+    with progress(f"extract {module} from {model}"):
+        sub = extract_module_subgraph(model, hierarchy, module, call=_call(call))
+        path = sub.save(plan.path, overwrite=overwrite, inputs=[model, hierarchy])
     if fmt == "json":
         click.echo(json.dumps({**sub.to_dict(), "output": str(path)}, indent=2))
         return 0
-    click.echo(
-        f"extracted {sub.tag} -> {path}: {len(sub.operations)} nodes, {len(sub.initializers)} initializers"
-    )
-    click.echo(f"  inputs: {', '.join(sub.external_inputs)}")
-    click.echo(f"  outputs: {', '.join(sub.outputs)}")
-    for note in sub.notes:
-        click.echo(f"  note: {note}")
+    lines = [
+        f"extracted {sub.tag} -> {path}: {len(sub.operations)} nodes, {len(sub.initializers)} initializers",
+        f"  inputs: {', '.join(sub.external_inputs)}",
+        f"  outputs: {', '.join(sub.outputs)}",
+        *(f"  note: {note}" for note in sub.notes),
+    ]
+    echo("\n".join(lines), more="--format json")
     return 0
 
 
@@ -398,9 +414,20 @@ def profile_cmd(
     cfg = ProfileConfig(
         runs=runs, warmup=warmup, providers=ep or (), optimization=optimization, top_k=top_k, inputs=inputs
     )
-    result = profile(model, cfg)
+    if Path(model).is_dir() and package_components(model) and not inputs:  # every graph of the package
+        if node_plan is not None:
+            raise ConfigError(
+                "--node-data overlays one graph; pass the package's graph file",
+                hint=f"e.g. {model}/GRAPH.onnx",
+            )
+        with progress(f"profile {model}: every graph, {warmup} warm-up and {runs} timed runs"):
+            package_result = profile_package(model, cfg)
+        _emit("profile_package", package_result, fmt, plan, wide)
+        return 0
+    with progress(f"profile {model}: {warmup} warm-up and {runs} timed runs"):
+        result = profile(model, cfg)
     _emit("profile", result, fmt, plan, wide)
     if node_plan is not None:
         write_node_data(node_plan.path, profile_overlay(model, result))
-        click.echo(f"wrote {node_plan.path}", err=True)
+        echo(f"wrote {node_plan.path}", err=True)
     return 0

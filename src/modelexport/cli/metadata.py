@@ -9,6 +9,7 @@ import click
 
 from ..errors import ConfigError
 from ..metadata import read_metadata, write_metadata
+from .display import echo
 
 __all__ = ["metadata_cmd", "parse_assignment"]
 
@@ -33,7 +34,7 @@ def _render(meta: dict[str, Any], keys: tuple[str, ...]) -> str:
             continue
         value = meta[key]
         text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-        lines.append(f"{key}: {text if len(text) <= 200 else text[:197] + '...'}")
+        lines.append(f"{key}: {text}")
     return "\n".join(lines)
 
 
@@ -61,10 +62,10 @@ def metadata_cmd(
     else:
         meta = read_metadata(model)
     if not meta:
-        click.echo(f"{model}: no embedded metadata (re-export without --no-embed-metadata)")
+        echo(f"{model}: no embedded metadata (re-export without --no-embed-metadata)")
         return 0
     if as_json:
         click.echo(json.dumps({k: meta[k] for k in meta if not keys or k in keys}, indent=2, sort_keys=True))
     else:
-        click.echo(_render(meta, keys))
+        echo(_render(meta, keys), more="--json (or --key KEY --json)", wrap=False)
     return 0

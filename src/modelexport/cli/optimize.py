@@ -9,6 +9,7 @@ import click
 
 from ..inspect.node_data import NODE_DATA_NAME, error_overlay, write_node_data
 from ..onnxfile import plan_output
+from ..optimize.advice import quantization_advice
 from ..optimize.config import (
     ACCURACY_LEVELS,
     BLOCK_SIZES,
@@ -29,6 +30,7 @@ from ..optimize.graph import optimize_model
 from ..optimize.package import PackageResult
 from ..optimize.quantization import quantize
 from ..runtime.session import GRAPH_LEVEL_ALIASES, GRAPH_LEVELS
+from .display import echo, message, progress
 from .options import overwrite_option
 
 __all__ = ["quantize_cmd", "optimize_cmd"]
@@ -50,10 +52,19 @@ def package_summary(result: PackageResult, summary: Any) -> str:
 
 
 def _print(result: Any, fmt: str, summary: Any) -> None:
+    """The summary (text fitted to the terminal, or JSON), and one warning line when --eval-data found the
+    quantized model poor (``advice`` in JSON)."""
+    advice = quantization_advice(getattr(result, "evaluation", None), getattr(result, "config", None))
     if fmt == "json":
-        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
-    else:
-        click.echo(package_summary(result, summary) if isinstance(result, PackageResult) else summary(result))
+        doc = result.to_dict()
+        click.echo(json.dumps({**doc, "advice": advice} if advice else doc, indent=2, default=str))
+        return
+    echo(
+        package_summary(result, summary) if isinstance(result, PackageResult) else summary(result),
+        more="--format json",
+    )
+    if advice:
+        click.secho(message(f"Warning: {advice}"), fg="yellow", err=True)
 
 
 def quantize_summary(result: Any) -> str:
@@ -318,7 +329,8 @@ def quantize_cmd(model: str, output: str, preset: str | None, overwrite: bool, *
     opts["exclude_modules"] = tuple(opts["exclude_modules"]) or None
     config = quantize_config(preset, **opts)
     config = config.with_changes(progress=fmt == "text")
-    result = quantize(model, output, config, overwrite=overwrite, **run)
+    with progress(f"quantize {model}", spinner=False):
+        result = quantize(model, output, config, overwrite=overwrite, **run)
     if node_plan is not None:
         write_node_data(node_plan.path, error_overlay(result.output_path, result.error_report or []))
     _print(result, fmt, quantize_summary)
@@ -449,7 +461,8 @@ def optimize_cmd(model: str, output: str, fmt: str, preset: str | None, overwrit
     graph by graph into the folder -o, a complete package.
     """
     base = OptimizeConfig.preset(preset) if preset else OptimizeConfig()
-    config = base.with_changes(**{k: v for k, v in opts.items() if v not in (None, False)})
-    result = optimize_model(model, output, config, overwrite=overwrite)
+    config = base.with_changes(**{k: v for k, v in opts.items() if v is not None and v is not False})
+    with progress(f"optimize {model}"):
+        result = optimize_model(model, output, config, overwrite=overwrite)
     _print(result, fmt, optimize_summary)
     return 0

@@ -7,7 +7,21 @@ from typing import Any
 
 import click
 
-__all__ = ["ray_engine_options", "overwrite_option"]
+from ..runtime.session import check_providers
+
+__all__ = ["ray_engine_options", "overwrite_option", "VALUE_CHECKS"]
+
+
+def _providers(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """``--ep``: every name known (``gpu`` -> did you mean 'cuda'?) before the command loads anything."""
+    if value:
+        check_providers(value)
+    return value
+
+
+#: Options whose values name registry entries, checked when the command line is parsed (before anything
+#: loads) in every command that has them (``cli.app`` attaches them).
+VALUE_CHECKS: dict[str, Callable[[click.Context, click.Parameter, Any], Any]] = {"--ep": _providers}
 
 
 def overwrite_option(what: str = "-o", also: str = "") -> Callable[[Any], Any]:

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from ..train.networks import NETWORKS
+from .display import columns
 from .options import overwrite_option
 
 __all__ = ["pipeline_cmd"]
@@ -98,9 +99,10 @@ def _opt(name: str, **kwargs: Any) -> Any:
 @_opt(
     "log_level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default="INFO",
+    default="WARNING",
     show_default=True,
-    help="Logging verbosity.",
+    help="modelexport's logging (the stage lines and the report print at any level); INFO adds each step's "
+    "details, DEBUG DSPy's and transformers' own lines.",
 )
 @_opt(
     "base_model",
@@ -137,16 +139,19 @@ def _opt(name: str, **kwargs: Any) -> Any:
 )
 def pipeline_cmd(**options: Any) -> int:
     """Train a classifier with DSPy, export it, quantize it, choose its test-time policy, and report."""
+    from rich.console import Console
+
     from ..workflow import PipelineConfig, run_pipeline  # defers dspy and torch: --help stays light
 
     _logging(options["log_level"])
     config = PipelineConfig(**options)
-    run_pipeline(config)
+    run_pipeline(config, console=Console(width=columns(), highlight=False))
     return 0
 
 
 def _logging(level: str) -> None:
-    """``--log_level`` for modelexport; DSPy's per-evaluation lines and transformers' notices only at DEBUG."""
+    """``--log_level`` for modelexport; DSPy's per-evaluation lines and transformers' notices only at DEBUG
+    (other libraries stay as the global ``--debug`` set them)."""
     import os
 
     value = getattr(logging, level.upper())
@@ -154,6 +159,5 @@ def _logging(level: str) -> None:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import dspy  # noqa: F401 - dspy sets up its own logger on import; adjust it afterwards
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("modelexport").setLevel(value)
-    logging.getLogger("dspy").setLevel(value if value <= logging.DEBUG else logging.WARNING)
+    logging.getLogger("dspy").setLevel(value if value <= logging.DEBUG else logging.ERROR)

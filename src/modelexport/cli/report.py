@@ -6,6 +6,7 @@ import click
 
 from ..inspect.profile import ProfileConfig
 from ..inspect.report import ReportConfig, write_report
+from .display import echo, progress
 from .options import overwrite_option
 
 __all__ = ["report_cmd"]
@@ -67,8 +68,9 @@ def report_cmd(
 
     profile = ProfileConfig(runs=runs, optimization=optimization, inputs=inputs) if with_profile else None
     config = ReportConfig(profile, other, numeric, error_report, inputs, title)
-    path, data = write_report(model, output, config, overwrite=overwrite)
+    with progress(f"report {model}"):
+        path, data = write_report(model, output, config, overwrite=overwrite)
     parts = [f"{len(data['modules'])} modules"]
     parts += [name for name in ("profile", "compare", "error_report") if data[name]]
-    click.echo(f"wrote {path} ({', '.join(parts)})")
+    echo(f"wrote {path} ({', '.join(parts)})")
     return 0

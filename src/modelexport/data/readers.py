@@ -313,7 +313,10 @@ Row = tuple[int, dict[str, Any], str]  # (line number, record, raw text for mess
 def _existing_file(spec: str) -> Path:
     path = Path(spec)
     if not path.is_file():
-        raise DatasetError(f"dataset not found: {path}", hint="check the --dataset_path")
+        raise DatasetError(
+            f"dataset not found: {path}",
+            hint="check the path: a CSV/TSV/JSON/JSONL/Parquet/.npz file, an image folder, or sklearn:digits",
+        )
     if path.stat().st_size == 0:
         raise DatasetError(f"{path}: is empty", hint="the file has no header and no rows")
     return path
@@ -394,6 +397,27 @@ _TABLE_PARSERS: dict[str, Callable[[Path], tuple[list[str], list[Row]]]] = {
 }
 
 
+def _parse_table(path: Path) -> tuple[list[str], list[Row]]:
+    """The file's header and rows; a file the parsers cannot take is a DatasetError that says why."""
+    try:
+        return _TABLE_PARSERS[path.suffix.lower()](path)
+    except UnicodeDecodeError as exc:
+        raise DatasetError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start:,})",
+            hint="save the file as UTF-8",
+        ) from exc
+    except csv.Error as exc:
+        raise DatasetError(
+            f"{path}: the CSV reader stops: {exc} (a field over {csv.field_size_limit():,} characters, or an"
+            " unclosed quote)",
+            hint="check the quoting; for very long texts use JSONL (one JSON object per line)",
+        ) from exc
+    except RecursionError as exc:
+        raise DatasetError(
+            f"{path}: JSON nested deeper than the parser allows", hint="a dataset is a list of flat objects"
+        ) from exc
+
+
 def _pick_column(
     header: list[str], given: str | None, candidates: tuple[str, ...], role: str, path: Path
 ) -> str | None:
@@ -411,7 +435,7 @@ def _pick_column(
 @register_reader("table", lambda spec: Path(spec).suffix.lower() in TABLE_SUFFIXES)
 def _read_table(spec: str, options: ReadOptions) -> Dataset:
     path = _existing_file(spec)
-    header, rows = _TABLE_PARSERS[path.suffix.lower()](path)
+    header, rows = _parse_table(path)
     if not rows:
         raise DatasetError(f"{path}: has a header but no rows" if header else f"{path}: is empty")
     label_col = _pick_column(header, options.label_column, LABEL_COLUMNS, "label", path)

@@ -61,8 +61,17 @@ from .loading import LoadedModel, load_model
 from .parity import check_parity, flatten_outputs, output_names_for, runner_for
 from .report import render_export_report
 from .sentence import sentence_package_pass
-from .seq2seq import ENCODER_FILE, SEQ2SEQ_FILES, build_seq2seq_inputs, check_seq2seq_config, is_seq2seq_task
+from .seq2seq import SEQ2SEQ_FILES, build_seq2seq_inputs, check_seq2seq_config, is_seq2seq_task
+from .steps import StepInputs
 from .topology import compare_topology
+from .vlm import (
+    VLM_HINT,
+    build_vlm_inputs,
+    check_vlm_config,
+    is_vision_language_model,
+    is_vlm_task,
+    vlm_files,
+)
 
 __all__ = ["ExportResult", "export", "PACKAGE_PASSES", "MODEL_FILE", "PACKAGE_FILES_KEY"]
 
@@ -165,7 +174,7 @@ def _reference_run(ctx: ExportContext) -> None:
         raise InputSpecError(
             f"{type(module).__name__}.forward() failed on the example inputs "
             f"({', '.join(f'{s.name} {list(s.shape)}' for s in ctx.inputs.specs)}): {exc}",
-            hint=input_specs_hint(module, ctx.inputs.specs),
+            hint=VLM_HINT if is_vision_language_model(module) else input_specs_hint(module, ctx.inputs.specs),
         ) from exc
     ctx.reference = flatten_outputs(holder["out"])
     if not ctx.reference:
@@ -252,11 +261,37 @@ def _verify(
             )
             st["detail"] = f"{name}: max abs diff {other.worst:.3g} <= {atol}"
         parity.setdefault("files", {})[name] = other.to_dict()
+    if isinstance(ctx.inputs, StepInputs) and ctx.inputs.checks:
+        parity["checks"] = _check_examples(ctx, ctx.inputs, model)
     if isinstance(ctx.inputs, CacheInputs):
         with ctx.stages.stage("parity_first_step", "zero-length past") as st:
             parity["first_step"] = first_step_parity(ctx, model)
             st["detail"] = f"max abs diff {max(parity['first_step']['max_abs_diff'].values()):.3g}"
     return identical, parity
+
+
+def _check_examples(ctx: ExportContext, inputs: StepInputs, model: bytes | Path) -> dict[str, Any]:
+    """Parity on each further example of a step (another image size, an empty past): PyTorch's outputs there
+    (the step bound as forward) against the graph's, within the export's tolerance."""
+    import torch
+
+    cfg = ctx.config
+    results: dict[str, Any] = {}
+    for label, tensors in inputs.checks:
+        other = inputs.with_tensors(tensors)
+        with ctx.stages.stage("parity", label) as st, torch.no_grad():
+            reference = flatten_outputs(ctx.loaded.module(**other.forward_kwargs()))
+            report = check_parity(
+                model,
+                other.as_numpy(),
+                reference,
+                cfg.tolerance,
+                runner_for(cfg.dtype),
+                scaled=cfg.dtype != "float32",
+            )
+            st["detail"] = f"{label}: max abs diff {report.worst:.3g} <= {cfg.tolerance}"
+        results[label] = report.to_dict()
+    return results
 
 
 def _write_model(proto: Any, path: Path) -> bytes | Path:
@@ -289,7 +324,7 @@ def export(
 
     Writes ``model.onnx`` (every node tagged) and ``model_hierarchy.json``; verifies with
     ``onnx.checker`` and ONNX Runtime vs PyTorch parity. Encoder-decoder ``*-with-past`` tasks write
-    three graphs instead (:mod:`.seq2seq`), each tagged, checked and with its sidecar. ``output_dir``
+    three graphs instead (:mod:`.seq2seq`), as do vision-language ``image-text-to-text`` tasks (:mod:`.vlm`), each tagged, checked and with its sidecar. ``output_dir``
     follows the one output rule (:mod:`modelexport.onnxfile.output`): a folder (``out/``, or any path
     not ending in ``.onnx``) gets the package, ``FILE.onnx`` is the model file with its package beside
     it; existing files are replaced only with ``overwrite`` and only when an earlier run of ours wrote
@@ -298,10 +333,8 @@ def export(
     """
     cfg = (config or ExportConfig()).with_changes(**options) if options else (config or ExportConfig())
     check_device(cfg.device)
-    seq2seq = is_seq2seq_task(cfg)
-    if seq2seq:
-        check_seq2seq_config(cfg)
-    plan = _plan(model, output_dir, cfg, seq2seq)
+    graph_files = _graph_files(cfg)
+    plan = _plan(model, output_dir, cfg, graph_files)
     with staged_output(plan) as stage, contextlib.ExitStack() as scope:
         staging = stage.path
         stages = StageLog(on_stage=on_stage, logger=EXPORT_LOG)
@@ -311,7 +344,7 @@ def export(
             log_ = stages if len(graphs) == 1 else StageLog(on_stage=on_stage, logger=EXPORT_LOG)
             ctx = ExportContext(cfg, loaded, inputs, None, staging, file, tokenizer=tokenizer, stages=log_)
             if len(graphs) > 1:
-                _package_of(ctx, [f for f, _ in graphs])
+                _package_of(ctx, [(_role(f, i), f) for f, i in graphs])
             results.append(_export_graph(ctx, plan.folder, file))
         result = results[0] if len(results) == 1 else _combined(results, stages)
     if stage.replaced or stage.removed:
@@ -334,16 +367,29 @@ def _source_path(model: Any) -> str | None:
     return text if Path(text).exists() or ":" not in text else text.rsplit(":", 1)[0]
 
 
-def _plan(model: Any, output: str | Path, cfg: ExportConfig, seq2seq: bool) -> OutputPlan:
+def _graph_files(cfg: ExportConfig) -> tuple[str, ...]:
+    """The graphs of a multi-graph task (encoder-decoder, vision-language), in the order they run, its
+    options checked; ``()`` for one graph."""
+    if is_seq2seq_task(cfg):
+        check_seq2seq_config(cfg)
+        return SEQ2SEQ_FILES
+    if is_vlm_task(cfg):
+        check_vlm_config(cfg)
+        return vlm_files(cfg)
+    return ()
+
+
+def _plan(model: Any, output: str | Path, cfg: ExportConfig, graph_files: tuple[str, ...]) -> OutputPlan:
     """Where the export writes (the one output rule), checked before any work. The files it will write
     besides the model's own are predicted here; one it could not predict is checked before it is moved."""
-    main = ENCODER_FILE if seq2seq else MODEL_FILE
+    main = graph_files[0] if graph_files else MODEL_FILE
     target, _ = output_path(output, main, bare_is_folder=True)
-    graphs = list(SEQ2SEQ_FILES) if seq2seq else [target.name]
+    graphs = list(graph_files) or [target.name]
+    several = bool(graph_files)
     suffixes, _ = package_variants(cfg.optimize, cfg.quantize)
     files = [*graphs, *(variant_file(g, s) for g in graphs for s in suffixes)]
     package = [n for f in files for n in (f, sidecar_path_for(f).name) if n not in own_files(target.name)]
-    if cfg.embed_metadata or suffixes or seq2seq:
+    if cfg.embed_metadata or suffixes or several:
         package.append(PACKAGE_MANIFEST)
     folder_or_hub_id = isinstance(model, str | os.PathLike) and ":" not in os.fspath(model)
     if folder_or_hub_id or hasattr(model, "config"):
@@ -365,9 +411,9 @@ def _plan(model: Any, output: str | Path, cfg: ExportConfig, seq2seq: bool) -> O
         package_folder=True,
         overwrite=cfg.overwrite,
     )
-    if seq2seq and not plan.is_folder:
+    if several and not plan.is_folder:
         raise ConfigError(
-            f"task {cfg.task} writes {len(SEQ2SEQ_FILES)} graphs ({', '.join(SEQ2SEQ_FILES)}); the output must "
+            f"task {cfg.task} writes {len(graphs)} graphs ({', '.join(graphs)}); the output must "
             f"be a folder, not {plan.name}",
             hint=f"pass a folder: {plan.path.with_suffix('')}{os.sep}",
         )
@@ -421,6 +467,9 @@ def _prepare(
                 (i.file, place_inputs(i, cfg)) for i in build_seq2seq_inputs(loaded.module, cfg)
             ]
             st["detail"] = ", ".join(f for f, _ in graphs)
+        elif is_vlm_task(cfg):
+            graphs = [(i.file, place_inputs(i, cfg)) for i in build_vlm_inputs(loaded, cfg)]
+            st["detail"] = ", ".join(f for f, _ in graphs)
         elif is_with_past(cfg):
             graphs = [(file, place_inputs(build_with_past_inputs(loaded.module, cfg), cfg))]
         else:
@@ -428,10 +477,16 @@ def _prepare(
     return loaded, tokenizer, graphs
 
 
-def _package_of(ctx: ExportContext, files: list[str]) -> None:
-    """A graph of a multi-graph package: the manifest lists every graph (the first runs first), the copies
-    ``--optimize`` / ``--quantize`` write of each (the optimized set is deployed) and every file."""
-    graphs = {Path(f).stem.removesuffix("_model"): f for f in files}
+def _role(file: str, inputs: ExampleInputs) -> str:
+    """A graph's role in its package's manifest: what its inputs name, else its file stem (``encoder``...)."""
+    return getattr(inputs, "role", "") or Path(file).stem.removesuffix("_model")
+
+
+def _package_of(ctx: ExportContext, roles: list[tuple[str, str]]) -> None:
+    """A graph of a multi-graph package: the manifest lists every graph by role (the first runs first), the
+    copies ``--optimize`` / ``--quantize`` write of each (the optimized set is deployed) and every file."""
+    files = [f for _, f in roles]
+    graphs = dict(roles)
     suffixes, deployed = package_variants(ctx.config.optimize, ctx.config.quantize)
     variants = {s: {role: variant_file(f, s) for role, f in graphs.items()} for s in suffixes}
     ctx.extra[COMPONENTS_KEY] = graphs

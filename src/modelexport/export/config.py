@@ -14,6 +14,7 @@ from .._io import MAX_JSON_BYTES, parse_json
 from .._numeric import check_fits_in_memory, tensor_bytes
 from ..errors import ConfigError, InputSpecError
 from ..hierarchy.tree import DEFAULT_TORCH_NN_EXCEPTIONS
+from ..metadata.tasks import normalize_task
 from ..optimize.config import OptimizeConfig
 from .loading import LIBRARIES
 
@@ -87,8 +88,10 @@ class InputSpec:
             raise InputSpecError(
                 f"input {self.name!r}: 'shape' must be a list of at most {_MAX_RANK} integers, got {shape!r}"
             )
-        if any(d < 0 for d in shape):
-            raise InputSpecError(f"input {self.name!r}: shape dimensions must be >= 0, got {list(shape)}")
+        if any(d < 1 for d in shape):
+            raise InputSpecError(
+                f"input {self.name!r}: shape dimensions must be >= 1 (the example input is run), got {list(shape)}"
+            )
         object.__setattr__(self, "shape", tuple(int(d) for d in shape))
         if not isinstance(self.dtype, str) or self.dtype not in _DTYPES:
             raise InputSpecError(
@@ -179,7 +182,15 @@ def load_input_specs(source: str | Path | dict[str, Any] | list[Any]) -> tuple[I
         raise InputSpecError(
             'input specs must be {"inputs": [{"name": ..., "shape": [...], "dtype": ...}, ...]}'
         )
-    return tuple(s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in data)
+    specs = tuple(s if isinstance(s, InputSpec) else InputSpec.from_dict(s) for s in data)
+    names = [s.name for s in specs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InputSpecError(
+            f"input spec names must be unique: {', '.join(repr(n) for n in twice)} given more than once",
+            hint="name each input once (the names become the ONNX graph's input names)",
+        )
+    return specs
 
 
 @dataclass(frozen=True)
@@ -258,6 +269,8 @@ class ExportConfig:
             raise ConfigError(f"quantize must be none, dynamic or static, got {self.quantize!r}")
         if self.optimize not in (None, "none"):
             object.__setattr__(self, "optimize", OptimizeConfig.preset(self.optimize).preset_name)
+        if self.task is not None:
+            normalize_task(self.task)  # a mistyped task fails here, before the model loads
 
     @property
     def tolerance(self) -> float:

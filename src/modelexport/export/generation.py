@@ -34,6 +34,8 @@ __all__ = [
     "cache_layout",
     "encoder_decoder_leaves",
     "encoder_decoder_cache",
+    "dynamic_cache",
+    "dynamic_cache_leaves",
     "first_step_parity",
     "generation_package_pass",
 ]
@@ -86,6 +88,16 @@ def _unflatten(values: Any, context: Any) -> Any:
         layer.is_initialized = True
         cache.layers.append(layer)
     return cache
+
+
+def dynamic_cache_leaves(cache: Any) -> list[Any]:
+    """A ``DynamicCache``'s tensors, per layer key then value (Optimum's order of ``present.{i}.*``)."""
+    return _flatten(cache)[0]
+
+
+def dynamic_cache(values: Any, layers: int) -> Any:
+    """A ``DynamicCache`` of ``layers`` filled layers from :func:`dynamic_cache_leaves`' order."""
+    return _unflatten(values, layers)
 
 
 def encoder_decoder_leaves(cache: Any) -> tuple[list[Any], Any]:
@@ -195,11 +207,15 @@ class CacheInputs(ExampleInputs):
         }
 
 
-def _prefill(module: Any, ids: Any) -> Any:
+def _prefill(module: Any, ids: Any, cache_arg: str) -> Any:
+    """A real prefill into a plain ``DynamicCache``: every layer keeps every position (the model's own cache
+    trims sliding-window layers to the window, so layers would get different past lengths; the attention
+    mask applies the window either way)."""
     import torch
+    from transformers.cache_utils import DynamicCache
 
     with torch.no_grad():
-        out = module(input_ids=ids, use_cache=True)
+        out = module(input_ids=ids, use_cache=True, **{cache_arg: DynamicCache()})
     cache = output_cache(out)
     layers = getattr(cache, "layers", None)
     if not layers or any(getattr(layer, "keys", None) is None for layer in layers):
@@ -255,7 +271,7 @@ def build_with_past_inputs(module: Any, cfg: ExportConfig) -> CacheInputs:
     vocab = int(getattr(getattr(module, "config", None), "vocab_size", None) or 100)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (BATCH, PAST + NEW), generator=gen)
-    cache = _prefill(module, prompt[:, :PAST])
+    cache = _prefill(module, prompt[:, :PAST], cache_arg)
     layers = len(cache.layers)
     flat, _ = _flatten(cache)
     tensors: dict[str, Any] = {"input_ids": prompt[:, PAST:]}

@@ -42,7 +42,7 @@ class LoadedModel:
             "class": cls.__name__,
             "qualified_class": f"{cls.__module__}.{cls.__qualname__}",
             "source": self.source,
-            "name_or_path": self.name_or_path,
+            "name_or_path": portable_name(self.name_or_path),
             "parameters": int(sum(p.numel() for p in self.module.parameters())),
         }
 
@@ -51,6 +51,15 @@ class LoadedModel:
         """The transformers config, for Hugging Face models (and the one a wrapper holds)."""
         model = self.module if self.wrapped is None else self.wrapped
         return getattr(model, "config", None) if _is_hf_model(model) else None
+
+
+def portable_name(name_or_path: str | None) -> str | None:
+    """Where a model came from, as a package may record it: a hub id or a relative path as given, an absolute
+    path (``/home/me/models/my-model``, ``/abs/model.py:make``) by its last part, never the exporting machine's."""
+    if not name_or_path:
+        return name_or_path
+    path, sep, factory = name_or_path.rpartition(":") if ".py:" in name_or_path else (name_or_path, "", "")
+    return f"{Path(path).name}{sep}{factory}" if Path(path).is_absolute() else name_or_path
 
 
 def _is_hf_model(module: Any) -> bool:

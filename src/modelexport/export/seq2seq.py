@@ -24,10 +24,7 @@ quantization is refused: its ranges would come from one random decoder step (see
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from .._transformers import cache_parameter, output_cache
@@ -47,7 +44,8 @@ from .generation import (
     is_with_past,
     register_cache_pytree,
 )
-from .inputs import ExampleInputs, hf_example
+from .inputs import hf_example
+from .steps import StepFn, StepInputs
 
 __all__ = [
     "ENCODER_FILE",
@@ -55,7 +53,6 @@ __all__ = [
     "DECODER_WITH_PAST_FILE",
     "SEQ2SEQ_FILES",
     "SEQ2SEQ_UNSUPPORTED_OPTIONS",
-    "StepInputs",
     "SEQ2SEQ_TASKS",
     "check_seq2seq_config",
     "is_seq2seq_task",
@@ -87,7 +84,6 @@ def _kv_names(base: str, layers: int, sides: tuple[str, ...]) -> list[str]:
 
 
 # -------------------------------------------------------------------------------------------- steps
-StepFn = Callable[..., Any]
 
 
 def _encoder_step(call: StepFn, module: Any, **inputs: Any) -> Any:
@@ -128,55 +124,6 @@ def _first_step(call: StepFn, module: Any, **inputs: Any) -> tuple[Any, ...]:
 
 def _past_step(call: StepFn, module: Any, **inputs: Any) -> tuple[Any, ...]:
     return _decoder_outputs(_decoder_call(call, **inputs), with_past=True)
-
-
-@dataclass
-class StepInputs(ExampleInputs):
-    """Example inputs of one graph of an encoder-decoder package, and the step that graph computes."""
-
-    file: str = ""
-    step: StepFn | None = None  # step(original forward, module, **graph inputs) -> outputs
-    layers: int = 0
-    record: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def past_names(self) -> list[str]:
-        return [n for n in self.names if n.startswith(f"{CACHE_ARG}.")]
-
-    def forward_kwargs(self) -> dict[str, Any]:
-        """Graph inputs by name; the past as a fresh ``EncoderDecoderCache`` (a step grows it in place)."""
-        past = self.past_names
-        kwargs = {n: self.tensors[n] for n in self.names if n not in past}
-        if past:
-            kwargs[CACHE_ARG] = encoder_decoder_cache([self.tensors[n] for n in past], self.layers)
-        return kwargs
-
-    def dynamo_shapes(self) -> dict[str, Any]:
-        shapes = super().dynamo_shapes()
-        past = [shapes[n] for n in self.past_names]
-        return {k: past if k == CACHE_ARG else shapes[k] for k in self.forward_kwargs()}
-
-    @contextlib.contextmanager
-    def bind(self, module: Any) -> Iterator[None]:
-        """``module.forward`` is this step (signature: the graph's inputs) until the block ends."""
-        original, step = module.forward, self.step
-        names = list(self.forward_kwargs())
-        if step is None:
-            raise ExportError(f"{self.file}: no step to capture")
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            return step(original, module, **dict(zip(names, args, strict=False)), **kwargs)
-
-        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-        forward.__signature__ = inspect.Signature([inspect.Parameter(n, kind) for n in names])  # type: ignore[attr-defined]
-        module.forward = forward
-        try:
-            yield
-        finally:
-            del module.forward  # the class's forward is back
-
-    def generation_record(self) -> dict[str, Any]:
-        return self.record
 
 
 # ------------------------------------------------------------------------------------------- inputs
@@ -314,4 +261,13 @@ def _step(
 ) -> StepInputs:
     specs = tuple(_spec(n, t, axes, rng) for n, (t, axes, rng) in entries.items())
     tensors = {n: t for n, (t, _, _) in entries.items()}
-    return StepInputs(specs, tensors, outputs, file=file, step=step, layers=layers, record=record)
+    return StepInputs(
+        specs,
+        tensors,
+        outputs,
+        file=file,
+        step=step,
+        layers=layers,
+        record=record,
+        cache_from=encoder_decoder_cache,
+    )

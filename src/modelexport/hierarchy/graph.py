@@ -20,7 +20,7 @@ from ..errors import ModuleNotInGraphError
 if TYPE_CHECKING:
     import onnx
 
-from .tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, is_within, node_key
+from .tags import TAG_SOURCE_KEY, common_ancestor, is_within, node_key, node_tag
 
 __all__ = [
     "GraphIndex",
@@ -125,9 +125,13 @@ def index_limits(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def ancestors_of(tag: str) -> list[str]:
-    """``/A/B/C`` -> ``['/A', '/A/B', '/A/B/C']``."""
-    parts = tag[1:].split("/")
-    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+    """``/A/B/C`` -> ``['/A', '/A/B', '/A/B/C']`` (each prefix cut once: linear in the tag's levels)."""
+    out, cut = [], tag.find("/", 1)
+    while cut != -1:
+        out.append(tag[:cut])
+        cut = tag.find("/", cut + 1)
+    out.append(tag)
+    return out
 
 
 @dataclass
@@ -159,7 +163,7 @@ class GraphIndex:
             index.keys.append(node_key(node, i))
             index.op_types.append(node.op_type)
             index.domains.append(node.domain)
-            index.tags.append(props.get(TAG_KEY) or None)
+            index.tags.append(node_tag(node, i))
             index.sources.append(props.get(TAG_SOURCE_KEY))
             index.inputs.append([t for t in node.input if t])
             index.outputs.append([t for t in node.output if t])

@@ -3,7 +3,8 @@
 Nodes whose scope the exporter recorded get that module's tag (source ``scope``). The rest
 (constants, casts, mask arithmetic, unscoped torchscript nodes) take the deepest common ancestor
 of their consumers' tags, else of their producers' (source ``propagated``); a node with no tagged
-neighbour at all gets the root tag. Only ``metadata_props`` change: the topology is untouched.
+neighbour at all gets the root tag. Only ``metadata_props`` change: the topology is untouched (the
+exporter's stack traces lose the exporting machine's absolute paths).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .graph import tensor_edges
+from .graph import ancestors_of, tensor_edges
 from .scopes import module_path_for
-from .tags import TAG_KEY, common_ancestor, node_key, set_node_tag
+from .tags import TAG_KEY, common_ancestor, node_key, portable_stack_trace, set_node_tag
 from .tree import ModuleTree
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class TaggingResult:
             "coverage_pct": round(100.0 * tagged / total, 3) if total else 100.0,
             "by_source": dict(by_source),
             "unique_tags": len(set(self.node_tags.values())),
+            # the module tree as analyze and report count it: the tags and their ancestors
+            "modules": len({a for t in set(self.node_tags.values()) if t for a in ancestors_of(t)}),
         }
 
 
@@ -108,6 +111,7 @@ def tag_model(model: Any, tree: ModuleTree, exporter: str) -> TaggingResult:
         tag = tags.setdefault(i, tree.root_tag)  # no tagged neighbour at all: the root
         result.sources.setdefault(key, "propagated")
         set_node_tag(node, tag, result.sources[key])
+        portable_stack_trace(node)  # no path of the exporting machine in the package
         _tag_subgraphs(node, tag)
         result.node_tags[key] = tag
     return result

@@ -10,7 +10,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..errors import InvalidModelError
+
 __all__ = [
+    "MAX_TAG_CHARS",
+    "MAX_TAG_DEPTH",
+    "node_tag",
     "NAMESPACE_KEY",
     "TAG_KEY",
     "TAG_SOURCE_KEY",
@@ -22,6 +27,7 @@ __all__ = [
     "node_key",
     "set_node_tag",
     "set_props",
+    "portable_stack_trace",
 ]
 
 TAG_KEY = "modelexport.hierarchy_tag"
@@ -30,6 +36,10 @@ TAG_SOURCE_KEY = "modelexport.tag_source"  # "scope" | "propagated" | "inherited
 NAMESPACE_KEY = "namespace"
 _SEGMENT = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*"
 TAG_PATTERN = re.compile(rf"^(?:/{_SEGMENT})+$")
+#: Bounds on a tag read from a file. Real module trees are a few to a few dozen levels deep; a tag past these
+#: was written outside modelexport, and refusing it keeps every command on tags linear in the model's size.
+MAX_TAG_DEPTH = 256
+MAX_TAG_CHARS = 16_384
 
 
 def parse_tag(tag: str) -> list[str]:
@@ -68,13 +78,27 @@ def _props(node: Any) -> dict[str, str]:
     return {p.key: p.value for p in node.metadata_props}
 
 
+def node_tag(node: Any, index: int | None = None) -> str | None:
+    """``node``'s hierarchy tag (None when it has none), refused past :data:`MAX_TAG_DEPTH` levels or
+    :data:`MAX_TAG_CHARS` characters (``index``: the node's position, for the message)."""
+    tag = next((p.value for p in node.metadata_props if p.key == TAG_KEY), None) or None
+    if tag is not None and (len(tag) > MAX_TAG_CHARS or tag.count("/") > MAX_TAG_DEPTH):
+        where = node_key(node, index) if index is not None else node.name or node.op_type
+        raise InvalidModelError(
+            f"node {where[:80]!r} has a hierarchy tag of {tag.count('/'):,} levels and {len(tag):,} characters"
+            f" (at most {MAX_TAG_DEPTH} levels and {MAX_TAG_CHARS:,} characters)",
+            hint="the tag was written outside modelexport: re-export the model",
+        )
+    return tag
+
+
 def read_node_tags(model: Any) -> dict[str, dict[str, str | None]]:
     """Node key -> {tag, source, op_type} for the main graph, read from node metadata."""
     out: dict[str, dict[str, str | None]] = {}
     for i, node in enumerate(model.graph.node):
         props = _props(node)
         out[node_key(node, i)] = {
-            "tag": props.get(TAG_KEY),
+            "tag": node_tag(node, i),
             "source": props.get(TAG_SOURCE_KEY),
             "op_type": node.op_type,
         }
@@ -102,3 +126,28 @@ def set_props(holder: Any, updates: dict[str, str]) -> None:
 def set_node_tag(node: Any, tag: str, source: str | None = None) -> None:
     """Set (or replace) a node's tag entries in its ``metadata_props``."""
     set_props(node, {TAG_KEY: tag} if source is None else {TAG_KEY: tag, TAG_SOURCE_KEY: source})
+
+
+#: The dynamo exporter's per-node Python stack (``File "/abs/path/...py", line N, in f``): useful, but the
+#: absolute paths are the exporting machine's (its venv, its home folder) and do not belong in a package.
+STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
+_FILE = re.compile(r'File "([^"]+)"')
+_INSTALLED = re.compile(r".*[/\\](?:site|dist)-packages[/\\]")
+_SEPARATORS = re.compile(r"[/\\]")
+
+
+def _portable_path(match: re.Match[str]) -> str:
+    path = match.group(1)
+    if _INSTALLED.match(path):
+        return f'File "{_INSTALLED.sub("", path)}"'  # transformers/models/bert/modeling_bert.py
+    if path.startswith(("/", "\\")) or ":" in path[:3]:  # another absolute path: the file's name
+        return f'File "{_SEPARATORS.split(path)[-1]}"'
+    return match.group(0)
+
+
+def portable_stack_trace(node: Any) -> None:
+    """Keep the node's stack trace, without the exporting machine's paths: an installed package's file
+    relative to its ``site-packages``, any other absolute file by its name."""
+    for prop in node.metadata_props:
+        if prop.key == STACK_TRACE_KEY:
+            prop.value = _FILE.sub(_portable_path, prop.value)

@@ -153,11 +153,12 @@ class BatchMeter:
             )
         plain = isinstance(result, np.ndarray)
         entropy = None if plain or result.uncertainty is None else result.uncertainty.entropy
+        text_views = len(self.engine.policy.tta_transforms) if isinstance(item, list) else 0  # text TTA
         return BatchMeasure(
             correct=int((probs.argmax(axis=1) == labels).sum()),
             n=len(labels),
             seconds=seconds,
-            n_views=1 if plain else result.n_views,
+            n_views=text_views or (1 if plain else result.n_views),
             n_augmented=0 if plain else result.n_augmented,
             entropy_sum=0.0 if entropy is None else float(np.sum(entropy)),
             entropy_count=0 if entropy is None else int(np.size(entropy)),
@@ -242,7 +243,7 @@ def evaluate(
                 batch_size=batch_size,
                 policy=pol.to_dict(),
                 order=str(order),
-                stream=not pol.episodic,
+                stream=pol.continual,
                 provider=engine.session_info.provider,
                 model=str(path),
                 **measured,

@@ -98,7 +98,7 @@ class Analysis:
 def _module_stats(tm: TaggedModel) -> dict[str, ModuleStats]:
     index = tm.index
     paths = {t: p for t, p in ((tm.sidecar or {}).get("tags") or {}).items()}
-    stats = {t: ModuleStats(t, len(ancestors_of(t)), paths.get(t)) for t in index.all_tags}
+    stats = {t: ModuleStats(t, t.count("/"), paths.get(t)) for t in index.all_tags}
     own_ops: dict[str, Counter[str]] = defaultdict(Counter)
     for tag, op in zip(index.tags, index.op_types, strict=True):
         if tag:

@@ -333,7 +333,8 @@ def _select_call(
     call = 0 if call is None else call
     if not isinstance(call, int) or not 0 <= call < len(instances):
         raise TagError(
-            f"call {call!r} is out of range: {tag} has {len(instances)} call site(s) (0..{len(instances) - 1}, or 'all')"
+            f"call {call!r} is out of range: {tag} has {len(instances)} call site(s) (0..{len(instances) - 1}, or 'all')",
+            hint=f"pass --call with a number from 0 to {len(instances) - 1}, or --call all",
         )
     notes = [f"{tag} is called {len(instances)} times; extracted call {call}"] if len(instances) > 1 else []
     return instances[call], call, len(instances), notes

@@ -20,18 +20,23 @@ from .._config import split_names
 from ..errors import ConfigError
 from ..hierarchy.graph import ancestors_of
 from ..hierarchy.tags import common_ancestor
-from ..onnxfile import load_onnx
+from ..inference.pipelines import PIPELINES, pipeline
+from ..metadata.schema import KEY_TASK
+from ..metadata.store import read_metadata
+from ..onnxfile import load_onnx, package_components
 from ..runtime.session import GRAPH_LEVELS, create_session
 from .formats import renderer
 from .inputs import generate_inputs, load_npz_inputs, run_session
 from .loading import load_tagged_model
 
 __all__ = [
+    "PackageProfile",
     "ProfileConfig",
     "ModuleTiming",
     "NodeTiming",
     "ProfileResult",
     "profile",
+    "profile_package",
     "aggregate_events",
     "ort_node_tags",
 ]
@@ -199,7 +204,7 @@ def _settings(cfg: ProfileConfig, sess: Any, feed: dict[str, Any]) -> dict[str, 
 
 
 def _run_profiled(
-    tm: Any, cfg: ProfileConfig, tmp: Path
+    tm: Any, cfg: ProfileConfig, tmp: Path, feeds: dict[str, Any] | None = None
 ) -> tuple[list[dict[str, Any]], str, Any, dict[str, Any]]:
     """Run with profiling; returns (events, provider, ORT's optimized graph or None, run settings)."""
 
@@ -215,9 +220,12 @@ def _run_profiled(
         optimized_model_filepath=str(optimized_path) if cfg.optimization != "disable" else None,
         log_severity_level=4,  # failures come back as exceptions (one-line InferenceError)
     )
-    feed = (
-        load_npz_inputs(cfg.inputs, sess) if cfg.inputs else generate_inputs(sess, tm.sidecar, model=tm.proto)
-    )
+    if feeds is not None:
+        feed = feeds
+    elif cfg.inputs:
+        feed = load_npz_inputs(cfg.inputs, sess)
+    else:
+        feed = generate_inputs(sess, tm.sidecar, model=tm.proto)
     for _ in range(cfg.warmup + cfg.runs):
         run_session(sess, feed)
     events = json.loads(Path(sess.end_profiling()).read_text(encoding="utf-8"))
@@ -228,13 +236,16 @@ def _run_profiled(
     return events, info.provider, optimized, _settings(cfg, sess, feed)
 
 
-def profile(model: Any, config: ProfileConfig | None = None, **options: Any) -> ProfileResult:
-    """Profile ``model`` with ONNX Runtime and attribute the time to modules."""
+def profile(
+    model: Any, config: ProfileConfig | None = None, *, feeds: dict[str, Any] | None = None, **options: Any
+) -> ProfileResult:
+    """Profile ``model`` with ONNX Runtime and attribute the time to modules; ``feeds`` are its inputs (default:
+    ``config.inputs``, else generated)."""
     cfg = config or ProfileConfig(**options)
     tm = load_tagged_model(model, weights=False)  # structure for the tags; ORT reads the weights
     index = tm.index
     with tempfile.TemporaryDirectory(prefix="modelexport-profile-") as tmp:
-        events, provider, optimized, settings = _run_profiled(tm, cfg, Path(tmp))
+        events, provider, optimized, settings = _run_profiled(tm, cfg, Path(tmp), feeds)
     tags = dict(zip(index.keys, index.tags, strict=True))
     per_node, unknown, wall = aggregate_events(events, tags, cfg.warmup)
     created = ort_node_tags(optimized, index) if optimized is not None else {}
@@ -267,6 +278,66 @@ def profile(model: Any, config: ProfileConfig | None = None, **options: Any) -> 
         {k: us for k, _, _, us in rows if k not in created},
         settings,
     )
+
+
+@dataclass
+class PackageProfile:
+    """A multi-graph package's profile: one :class:`ProfileResult` per graph, by role, in the order they run."""
+
+    folder: str
+    components: dict[str, ProfileResult]
+    #: What the graphs ran on: the package pipeline's own inputs (a synthetic image and prompt), or generated.
+    inputs: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "folder": self.folder,
+            "inputs": self.inputs,
+            "components": {role: r.to_dict() for role, r in self.components.items()},
+        }
+
+
+def _package_feeds(entry: Path) -> dict[str, dict[str, Any]]:
+    """Each graph's inputs as the package's pipeline feeds them, where it offers them (``component_feeds``:
+    consistent inputs such as an image grid and its patches, which generated ones cannot be); else ``{}``."""
+    task = read_metadata(entry).get(KEY_TASK)
+    cls = PIPELINES.get(str(task)) if task else None
+    if cls is None or not callable(getattr(cls, "component_feeds", None)):
+        return {}
+    return pipeline(task, entry).component_feeds()
+
+
+def profile_package(folder: Any, config: ProfileConfig | None = None, **options: Any) -> PackageProfile:
+    """Profile every graph of a multi-graph package (the set its folder deploys)."""
+    cfg = config or ProfileConfig(**options)
+    if cfg.inputs:
+        raise ConfigError(
+            "--inputs gives one graph's arrays; a package of several graphs runs on its pipeline's inputs",
+            hint="profile one graph file of the package with --inputs, or the folder without it",
+        )
+    graphs = package_components(folder)
+    if not graphs:
+        raise ConfigError(f"{folder} is not a package of several graphs", hint="profile its model file")
+    feeds = _package_feeds(next(iter(graphs.values())))
+    results = {role: profile(path, cfg, feeds=feeds.get(role)) for role, path in graphs.items()}
+    return PackageProfile(str(folder), results, "the package pipeline's inputs" if feeds else "generated")
+
+
+@renderer("profile_package", "text")
+def _package_text(r: PackageProfile) -> str:
+    total = sum(c.wall_us for c in r.components.values())
+    lines = [
+        f"{r.folder}: {len(r.components)} graphs on {r.inputs}; {total / 1000:.3f} ms wall per run of each",
+        "",
+    ]
+    for role, result in r.components.items():
+        lines += [f"== {role}: {Path(result.model).name} ==", _text(result)]
+    return "\n".join(lines)
+
+
+@renderer("profile_package", "json")
+def _package_json(r: PackageProfile) -> str:
+    return json.dumps(r.to_dict(), indent=2) + "\n"
 
 
 @renderer("profile", "text")

@@ -21,7 +21,7 @@ from .._io import write_text
 from .._version import __version__
 from ..errors import ConfigError
 from ..inference.feeds import SampleSet
-from ..onnxfile import plan_output
+from ..onnxfile import package_components, plan_output
 from ..optimize.evaluate import module_error_report
 from ..runtime.session import create_session
 from .analyze import Analysis, analyze_model
@@ -29,7 +29,7 @@ from .compare import compare_models, module_numeric_diff, numeric_diff
 from .extract import module_boundary
 from .inputs import generate_inputs, load_npz_inputs
 from .loading import TaggedModel, load_tagged_model
-from .profile import ProfileConfig, profile
+from .profile import ProfileConfig, profile, profile_package
 
 __all__ = ["REPORT_FILE", "ReportConfig", "build_report_data", "render_report", "write_report"]
 
@@ -149,10 +149,39 @@ def _comparison(tm: TaggedModel, cfg: ReportConfig) -> tuple[dict[str, Any], lis
     return data, errors
 
 
+def _components(model: Any, cfg: ReportConfig) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A multi-graph package folder's graphs (role, file, nodes, tags, parameters, weights; time per run with
+    ``--profile``) and the profile of the first one (the page's graph); ``[]`` for one graph."""
+    graphs = (
+        package_components(model) if isinstance(model, str | os.PathLike) and Path(model).is_dir() else {}
+    )
+    if not graphs:
+        return [], None
+    timed = profile_package(model, cfg.profile) if cfg.profile is not None else None
+    rows = []
+    for role, path in graphs.items():
+        a = analyze_model(load_tagged_model(path, weights=False))
+        row = {
+            "role": role,
+            "file": path.name,
+            "nodes": a.total_nodes,
+            "tagged_pct": a.tagged_pct,
+            "parameters": a.parameters,
+            "bytes": a.bytes,
+        }
+        if timed is not None:
+            row["wall_us"] = timed.components[role].wall_us
+        rows.append(row)
+    first = next(iter(timed.components.values())).to_dict() | {"node_us": None} if timed else None
+    return rows, first
+
+
 def build_report_data(model: Any, config: ReportConfig | None = None) -> dict[str, Any]:
-    """Everything the page shows, as one JSON-ready document (also useful on its own)."""
+    """Everything the page shows, as one JSON-ready document (also useful on its own). A multi-graph package
+    folder gets the page of the graph it runs first, with every graph of the package in ``components``."""
     cfg = config or ReportConfig()
     needs_weights = cfg.profile is not None or cfg.numeric or cfg.error_report
+    components, component_profile = _components(model, cfg)
     tm = load_tagged_model(model, weights=needs_weights)
     analysis = analyze_model(tm)
     data: dict[str, Any] = {
@@ -161,11 +190,12 @@ def build_report_data(model: Any, config: ReportConfig | None = None) -> dict[st
         "summary": _summary(tm, analysis),
         "modules": _modules(tm, analysis),
         "nodes": _own_nodes(tm),
-        "profile": None,
+        "profile": component_profile,
         "compare": None,
         "error_report": None,
+        "components": components,
     }
-    if cfg.profile is not None:
+    if cfg.profile is not None and component_profile is None:
         result = profile(tm.proto if tm.path is None else tm.path, cfg.profile)
         data["profile"] = result.to_dict() | {"node_us": None}
     if cfg.compare:

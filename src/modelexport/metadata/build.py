@@ -188,7 +188,10 @@ def graph_io(model_proto: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
 def _model_config(ctx: Any) -> dict[str, Any] | None:
     hf = ctx.loaded.hf_config
     if hf is not None:
-        return json.loads(hf.to_json_string(use_diff=False))
+        config = json.loads(hf.to_json_string(use_diff=False))
+        if Path(str(config.get("_name_or_path") or "")).is_absolute():  # where the exporting machine kept it
+            config.pop("_name_or_path")
+        return config
     if ctx.loaded.source == "huggingface":
         raise MetadataError(
             f"{ctx.loaded.name_or_path}: a transformers model without a config cannot be packaged"

@@ -1,7 +1,9 @@
 """The Optimum-compatible output folder: config.json, the source's processor files, export_metadata.json.
 
 File names that come from configs (a tokenizer's vocab files) are checked before copying: only
-plain names inside the source folder, never absolute paths or ``..``.
+plain names inside the source folder, never absolute paths or ``..``, and never a symbolic link that leads out
+of the folder (its target's content would end up in a package users share). The one exception is the Hugging
+Face cache's own layout, where a snapshot's files link to the same repository's ``blobs/``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,29 @@ def safe_join(base: Path, name: str) -> Path:
     ):
         raise MetadataError(f"refusing file name {name!r} from a config: it leaves the model folder")
     joined = base / Path(*parts)
-    if not joined.absolute().as_posix().startswith(base.absolute().as_posix().rstrip("/") + "/"):
+    if not _within(joined.absolute(), base.absolute()):
         raise MetadataError(f"refusing file name {name!r} from a config: it leaves the model folder")
+    target = joined.resolve()
+    if not any(_within(target, root) for root in _readable_roots(base)):
+        raise MetadataError(
+            f"refusing {joined}: it is a symbolic link to {target}, outside the model folder",
+            hint="copy the file into the folder (not a link) if it belongs to the model, or remove the link",
+        )
     return joined
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path.as_posix().startswith(root.as_posix().rstrip("/") + "/")
+
+
+def _readable_roots(base: Path) -> list[Path]:
+    """The folder itself, and for a Hugging Face cache snapshot (``models--org--name/snapshots/REV``) the
+    repository's ``blobs/``, which the snapshot's file links point to."""
+    root = base.resolve()
+    roots = [root]
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith(("models--", "datasets--")):
+        roots.append(root.parent.parent / "blobs")
+    return roots
 
 
 def processor_file_names(tokenizer: Any) -> list[str]:

@@ -8,9 +8,10 @@ import threading
 from typing import Any
 
 from .._io import atomic_path
+from ..errors import MetadataError
 from ..onnxfile import resolve_model_path
 from ._proto import read_props, rewrite_props
-from .schema import KEY_VERSION, METADATA_VERSION, decode_entries, encode_entries
+from .schema import KEY_CHECKSUM, KEY_ENCODING, KEY_VERSION, METADATA_VERSION, decode_entries, encode_entries
 
 __all__ = ["read_metadata", "update_metadata", "write_metadata", "clear_cache"]
 
@@ -57,6 +58,12 @@ def clear_cache() -> None:
 
 
 def _merged(stored: dict[str, str], updates: dict[str, Any], verify: bool) -> dict[str, str]:
+    reserved = sorted({KEY_ENCODING, KEY_CHECKSUM} & set(updates))
+    if reserved:
+        raise MetadataError(
+            f"{', '.join(reserved)} is written by modelexport itself from the other values; it cannot be set",
+            hint="set the values you mean to change; use --force to re-sign metadata edited by hand",
+        )
     values, foreign = decode_entries(stored, verify=verify)
     for key, value in updates.items():
         foreign.pop(key, None)

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from .._config import unknown_choice
 from ..errors import ConfigError, TaskDetectionError
 
 __all__ = [
@@ -88,6 +89,12 @@ for _spec in (
         ("automatic-speech-recognition-with-past",),
     ),
     TaskSpec(
+        "image-text-to-text",
+        ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",),
+        None,
+        ("image-text-to-text-with-past",),
+    ),
+    TaskSpec(
         "text2text-generation",
         ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",),
         "ORTModelForSeq2SeqLM",
@@ -109,7 +116,7 @@ def normalize_task(task: str) -> str:
     """The registered name for ``task`` or one of its aliases."""
     name = _ALIASES.get(str(task).strip().lower())
     if name is None:
-        raise ConfigError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+        raise ConfigError(unknown_choice("task", task, _ALIASES))
     return name
 
 

@@ -369,8 +369,18 @@ def _make_folder(folder: Path) -> Path | None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise OutputWriteError(f"cannot create {folder}: {exc.strerror or exc}") from exc
+        raise OutputWriteError(f"cannot create {folder}: {_blocker(folder) or exc.strerror or exc}") from exc
     return missing
+
+
+def _blocker(folder: Path) -> str | None:
+    """What stands where a folder of the output path should be: a file, or a link to nothing."""
+    for path in reversed([folder, *folder.parents]):
+        if path.is_symlink() and not path.exists():
+            return f"{path} is a symbolic link to {os.readlink(path)}, which does not exist"
+        if path.exists() and not path.is_dir():
+            return f"{path} is a file, not a folder"
+    return None
 
 
 def _remove_created(folder: Path, top: Path) -> None:

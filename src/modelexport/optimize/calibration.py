@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from .._progress import progress_bar
 from ..data import load_dataset
 from ..errors import ConfigError, DatasetError
 from ..inference.feeds import SampleSet, dataset_samples
@@ -87,12 +88,10 @@ class FeedReader:
     EXTRA_OPTIONS: dict[str, Any] = {"CalibStridedMinMax": 1}
 
     def __init__(self, samples: SampleSet, progress: bool = False) -> None:
-        from tqdm.auto import tqdm
-
         self._feeds = samples.feeds
         self._range = (0, len(self._feeds))
         self._next = 0
-        self._bar = tqdm(
+        self._bar = progress_bar(
             total=len(samples), desc="calibrating", unit="sample", disable=not progress, leave=False
         )
 

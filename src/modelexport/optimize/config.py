@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._config import split_names
+from .._config import closest, split_names
 from ..errors import ConfigError
 from ..inference.feeds import SampleSet
 from ..runtime.session import graph_level
@@ -99,7 +99,9 @@ def check_samples(name: str, value: int) -> None:
 def _choice(name: str, value: str, valid: Any) -> str:
     v = str(value).lower()
     if v not in valid:
-        raise ConfigError(f"{name} must be one of {', '.join(valid)}, got {value!r}")
+        guess = closest(value, valid)
+        mean = f" (did you mean {guess!r}?)" if guess else ""
+        raise ConfigError(f"{name} must be one of {', '.join(valid)}, got {value!r}{mean}")
     return v
 
 
@@ -364,6 +366,17 @@ WEIGHT_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _check_fusion_model_type(name: str) -> None:
+    """``name`` must be one of ONNX Runtime's transformer-optimizer families (its own ``MODEL_TYPES``)."""
+    from onnxruntime.transformers.optimizer import MODEL_TYPES
+
+    if name not in MODEL_TYPES:
+        raise ConfigError(
+            f"model_type must be one of ONNX Runtime's fusion families ({', '.join(sorted(MODEL_TYPES))}),"
+            f" got {name[:80]!r}"
+        )
+
+
 @dataclass(frozen=True)
 class OptimizeConfig:
     """Which graph passes to run, in this order: transformer fusion, ORT level, fp16, simplify."""
@@ -390,6 +403,8 @@ class OptimizeConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"{name} must be > 0, got {value}")
+        if self.model_type is not None:
+            _check_fusion_model_type(self.model_type)
         if self.approximate_gelu and not self.transformer_fusion:
             raise ConfigError(
                 "approximate_gelu is a transformer fusion option",

@@ -222,9 +222,12 @@ def _max_diff(reference: list[Any], model: onnx.ModelProto, feeds: dict[str, Any
 def _fused(
     model: onnx.ModelProto, apply: Callable[[Any], dict[str, int]]
 ) -> tuple[onnx.ModelProto, dict[str, int]]:
+    import onnx
     import onnx_ir as ir
 
-    ir_model = ir.from_proto(model)
+    source = onnx.ModelProto()
+    source.CopyFrom(model)  # onnx_ir shares parts of the proto it reads, and some rules edit them in place
+    ir_model = ir.from_proto(source)
     counts = apply(ir_model)
     out = ir.to_proto(ir_model)
     _drop_copied_tags(out, {n.name for n in model.graph.node})

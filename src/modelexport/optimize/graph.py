@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, OptimizationError
+from ..errors import OptimizationError
 from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
 from ..onnxfile import load_onnx, resolve_model_path, save_onnx, staged_output
 from ..runtime.session import create_session
@@ -90,11 +90,7 @@ def fusion_model_types(model: Any, requested: str | None) -> list[str]:
     when ORT knows it (its own ``optimizer.MODEL_TYPES``), then ORT's generic encoder fusions ("bert")."""
     from onnxruntime.transformers.optimizer import MODEL_TYPES
 
-    if requested:
-        if requested not in MODEL_TYPES:
-            raise ConfigError(
-                f"--model-type must be one of {', '.join(sorted(MODEL_TYPES))}, got {requested!r}"
-            )
+    if requested:  # checked against MODEL_TYPES by OptimizeConfig
         return [requested]
     embedded = _hf_config(model).get("model_type")
     return [embedded, "bert"] if embedded in MODEL_TYPES and embedded != "bert" else ["bert"]

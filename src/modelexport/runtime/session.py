@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._config import split_names
+from .._config import split_names, unknown_choice
 from ..errors import ConfigError, OnnxFileError, ProviderError
 from ..onnxfile import load_onnx, resolve_model_path
 
@@ -26,6 +26,7 @@ __all__ = [
     "available_providers",
     "create_session",
     "resolve_providers",
+    "check_providers",
 ]
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,25 @@ def _canonical(name: str) -> str:
     key = name.strip()
     if key.lower() in PROVIDER_ALIASES:
         return PROVIDER_ALIASES[key.lower()]
-    if key.endswith("ExecutionProvider"):
-        return key
-    known = sorted(set(PROVIDER_ALIASES) | set(PROVIDER_ALIASES.values()))
-    raise ConfigError(f"unknown execution provider {name!r}; valid names: {', '.join(known)}")
+    if key.endswith("ExecutionProvider") and key in _all_providers():
+        return key  # one ONNX Runtime knows, whether or not this build has it (the fallback skips those)
+    raise ConfigError(
+        unknown_choice("execution provider", name, sorted(PROVIDER_ALIASES), {"gpu": "cuda"}),
+        hint="use a name from the list, or a full name onnxruntime.get_all_providers() lists (CUDAExecutionProvider)",
+    )
+
+
+def _all_providers() -> set[str]:
+    """Every provider name ONNX Runtime knows (available in this build or not)."""
+    import onnxruntime as ort
+
+    return set(ort.get_all_providers())
+
+
+def check_providers(requested: list[str] | str | None) -> tuple[str, ...]:
+    """The canonical names of ``requested`` (``"cuda,cpu"``); an unknown name is a ConfigError naming the
+    closest valid one. Nothing is loaded: commands check ``--ep`` with this before any work."""
+    return tuple(_canonical(p) for p in split_names(requested))
 
 
 def resolve_providers(
@@ -253,6 +269,11 @@ def create_session(
             continue
         info = SessionInfo(list(cfg.providers), order[: i + 1], skipped, errors, list(sess.get_providers()))
         return sess, info
-    if isinstance(model, str):
-        raise OnnxFileError(f"ONNX Runtime cannot load {model}: {errors.get(CPU, 'unknown error')}")
+    if CPU in errors:  # the CPU provider is always there: it failing means the model, not a provider
+        what = model if isinstance(model, str) else "the model"
+        reason = errors[CPU].splitlines()[0].replace("[ONNXRuntimeError] : ", "")
+        raise OnnxFileError(
+            f"ONNX Runtime cannot load {what}: {reason[:400]}",
+            hint="check it with `modelexport validate MODEL`; re-export it if it was edited or truncated",
+        )
     raise ProviderError(f"no execution provider could create a session: {errors}")

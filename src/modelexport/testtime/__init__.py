@@ -6,21 +6,26 @@ Stable public API (other parts of modelexport and users build on these names)::
 
     policy = TestTimePolicy(tta_transforms=("identity", "hflip"), tta_aggregate="mean", ttt="bn")
     engine = TestTimeEngine("out/model.onnx", policy, providers=None)     # folder, .onnx, bytes or ModelProto
-    probs = engine.predict({"x": batch})                                   # (N, C) probabilities
-    result = engine.run({"x": batch})                                      # + n_views, n_augmented, uncertainty
+    stream = engine.new_stream()                                           # one per client: adaptation state
+    probs = engine.predict({"x": batch}, stream)                           # (N, C) probabilities
+    result = engine.run({"x": batch}, stream)                              # + n_views, n_augmented, uncertainty
     probs = engine.predict_texts(texts, processor)                         # text TTA (strings, then tokenize)
-    stream = engine.new_stream(); engine.run(feeds, stream)                # non-episodic adaptation per client
-    model = engine.adapted_model(feeds)                                    # BN/Tent state written into a copy
+    model = engine.adapted_model(feeds, stream)                            # the adaptation written into a copy
 
 - ``TestTimePolicy`` (frozen, validated; ``to_dict``/``from_dict``; presets in ``POLICY_PRESETS``): TTA transforms
   and aggregator, ``modality`` (auto/image/text/tensor), ``adaptive_threshold``, ``batched``, ``ttt``
-  (none/bn/tent/sar), ``ttt_iterations``, ``momentum``, ``bn_prior``, ``learning_rate``, ``episodic``,
+  (none/bn/tent/sar), ``statistics`` (``memory``: robust, the default; ``batch``: each batch's own),
+  ``memory_size``/``stem_prior``/``deep_prior`` (memory statistics), ``ttt_iterations``, ``momentum``/``bn_prior``
+  (batch statistics), ``learning_rate``, ``episodic`` (default False: adaptation is continual along a stream),
   ``reset_every``, ``collapse_threshold``/``collapse_window`` (the collapse guard), ``label_shift_alpha``
-  (the label-shift guard of batch-statistics methods), ``prior_correction``, ``reliable_entropy``,
-  ``mc_dropout``, ``seed``.
+  (the label-shift guard of batch statistics), ``prior_correction``, ``reliable_entropy``, ``mc_dropout``,
+  ``seed``.
+- Robust statistics (``memory``): ``StatisticsMemory`` (a class-balanced memory of each stream's recent
+  examples' BN statistics) and ``StatisticsPrior`` (their blend with the source), one ONNX Runtime pass per
+  batch (``graph.mix_batch_statistics``).
 - Real streams (``streams``): ``StreamOrder`` (as-is, shuffle, stratified, class-sorted, dirichlet:ALPHA),
   ``CollapseGuard`` (collapse and label shift: the batch is served by the source), ``prior_correction``,
-  ``Stream``; methods in ``methods.ADAPTATION_METHODS`` (``sar``: reliable entropy
+  ``Stream`` (a call without one keeps nothing); methods in ``methods.ADAPTATION_METHODS`` (``sar``: reliable entropy
   minimisation, EATA/SAR-style, in ``sar.py``).
 - Registries joined by decorator: ``TRANSFORMS`` (``register_transform``), ``AGGREGATORS``
   (``register_aggregator``), ``ADAPTATION_METHODS``, ``CORRUPTIONS``.
@@ -43,7 +48,8 @@ from .ensemble import Ensemble
 from .interpreter import SUPPORTED_OPS, OnnxTorchModule
 from .iterative import IterationResult, build_loop_model, iterate
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
-from .policy import ADAPTATION_METHODS, POLICY_PRESETS, TestTimePolicy, policy_preset
+from .memory import StatisticsMemory, StatisticsPrior
+from .policy import ADAPTATION_METHODS, POLICY_PRESETS, STATISTICS, TestTimePolicy, policy_preset
 from .streams import CollapseGuard, Stream, StreamOrder
 from .tent import tent_adapt
 
@@ -62,7 +68,10 @@ __all__ = [
     "OnnxTorchModule",
     "POLICY_PRESETS",
     "SEVERITIES",
+    "STATISTICS",
     "SUPPORTED_OPS",
+    "StatisticsMemory",
+    "StatisticsPrior",
     "Stream",
     "StreamOrder",
     "TRANSFORMS",

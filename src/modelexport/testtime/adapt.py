@@ -29,7 +29,19 @@ from onnx import helper
 
 from ..errors import TestTimeError
 from ..runtime.session import SessionConfig, create_session
-from .graph import add_outputs, expose_initializers, initializer_arrays, load_model, write_initializers
+from .graph import (
+    SAMPLE_STATS,
+    add_outputs,
+    expose_initializers,
+    has_upstream,
+    initializer_arrays,
+    load_model,
+    mix_batch_statistics,
+    mix_weight,
+    node_label,
+    write_initializers,
+)
+from .memory import StatisticsPrior
 
 __all__ = ["BNLayer", "BNAdapter", "BNState", "find_bn_layers"]
 
@@ -37,6 +49,17 @@ __all__ = ["BNLayer", "BNAdapter", "BNState", "find_bn_layers"]
 BNState = dict[str, np.ndarray]
 
 NO_BN_HINT = "export with BatchNorm kept: `modelexport export MODEL --keep-batchnorm` (ExportConfig.keep_batchnorm=True)"
+#: For a graph without convolutions there was no BatchNorm to keep (a transformer normalizes with LayerNorm).
+NO_BN_LAYERS_HINT = (
+    "BN adaptation and Tent need BatchNorm layers, which this model does not have (LayerNorm models such as "
+    "BERT have none): use test-time augmentation (--tta-transforms) instead"
+)
+
+
+def no_bn_hint(model: Any) -> str:
+    """What to do about a graph without BatchNormalization: keep it at export, if the model had any."""
+    convolutions = any(n.op_type in ("Conv", "ConvTranspose") for n in model.graph.node)
+    return NO_BN_HINT if convolutions else NO_BN_LAYERS_HINT
 
 
 @dataclass(frozen=True)
@@ -77,7 +100,7 @@ def find_bn_layers(model: onnx.ModelProto) -> list[BNLayer]:
             )
         seen.update(params)
         eps = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "epsilon"), 1e-5)
-        layers.append(BNLayer(node.name or f"bn_{i}", x, *params, float(eps)))
+        layers.append(BNLayer(node_label(node, i), x, *params, float(eps)))
     return layers
 
 
@@ -89,7 +112,12 @@ def channel_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class BNAdapter:
-    """Adapt BN statistics to a test batch with ONNX Runtime; one shared session, state passed per call."""
+    """Adapt BN statistics to a test batch with ONNX Runtime; one shared session, state passed per call.
+
+    The session's graph also reports every example's BN-input statistics (:data:`~.graph.SAMPLE_STATS`) and
+    lets each *stem* layer (no BN upstream) mix its given statistics with the batch's own by a weight input
+    (:func:`~.graph.mix_weight`, default 0), so the robust statistics of :mod:`.memory` cost one pass.
+    """
 
     def __init__(
         self,
@@ -102,13 +130,27 @@ class BNAdapter:
         if not self.layers:
             raise TestTimeError(
                 "the model has no BatchNormalization nodes: BN adaptation and Tent do not apply",
-                hint=NO_BN_HINT,
+                hint=no_bn_hint(self.source),
             )
         names = [p for layer in self.layers for p in layer.params]
         self.source_state: BNState = initializer_arrays(self.source, names)
         self.output_names = [o.name for o in self.source.graph.output]
+        #: Per layer: a stem layer (no BatchNormalization upstream) mixes in the batch's own statistics.
+        self.stem = [not has_upstream(self.source, layer.x, "BatchNormalization") for layer in self.layers]
+        self.mixed = [i for i, stem in enumerate(self.stem) if stem]
         working = add_outputs(expose_initializers(self.source, names), [layer.x for layer in self.layers])
+        working = mix_batch_statistics(working, [layer.node for layer in self.layers], set(self.mixed))
         self.working_model = working
+        sizes = [len(self.source_state[layer.mean]) for layer in self.layers]
+        #: Each layer's channels in the vectors over all BN channels (``StatisticsPrior``, sample statistics).
+        self.channels = [
+            slice(a, b) for a, b in zip(np.cumsum([0, *sizes[:-1]]), np.cumsum(sizes), strict=True)
+        ]
+        self._dtype = self.source_state[self.layers[0].mean].dtype
+        self._weight_names = [mix_weight(i) for i in self.mixed]
+        self._feed_slices = [
+            (x.mean, x.var, part) for x, part in zip(self.layers, self.channels, strict=True)
+        ]
         self.session, self.session_info = create_session(
             working, session_config, **({"providers": tuple(providers)} if providers else {})
         )
@@ -158,6 +200,37 @@ class BNAdapter:
                 state[layer.mean] = mean.astype(prior[layer.mean].dtype)
                 state[layer.var] = var.astype(prior[layer.var].dtype)
         return state
+
+    def prior(self, stem_strength: float, deep_strength: float) -> StatisticsPrior:
+        """The source statistics over every BN channel; stem layers' channels weigh ``stem_strength``
+        pseudo-examples, the others ``deep_strength``."""
+        mean = np.concatenate([self.source_state[x.mean] for x in self.layers]).astype(np.float64)
+        var = np.concatenate([self.source_state[x.var] for x in self.layers]).astype(np.float64)
+        strength, deep = np.empty_like(mean), np.empty(len(mean), bool)
+        for part, stem in zip(self.channels, self.stem, strict=True):
+            strength[part], deep[part] = (stem_strength if stem else deep_strength), not stem
+        return StatisticsPrior(mean, var, strength, deep)
+
+    def statistics_feeds(
+        self, mean: np.ndarray | None, var: np.ndarray | None, batch_weight: float
+    ) -> BNState:
+        """Feeds for the given statistics over every BN channel (None: the source's) and the weight of the
+        batch's own statistics in the stem layers."""
+        weight = np.asarray(batch_weight, self._dtype)
+        feeds: BNState = dict.fromkeys(self._weight_names, weight)
+        if mean is not None and var is not None:
+            mean, var = mean.astype(self._dtype), var.astype(self._dtype)
+            for m, v, part in self._feed_slices:
+                feeds[m], feeds[v] = mean[part], var[part]
+        return feeds
+
+    def run_with_statistics(
+        self, feeds: dict[str, np.ndarray], state: BNState, output: str, extra: list[str] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """(``output``, every example's BN statistics (N, 2S), the ``extra`` outputs) of one run."""
+        out = self.session.run([output, SAMPLE_STATS, *(extra or [])], {**feeds, **state})
+        stats = out[1].reshape(len(out[1]), -1)
+        return out[0], stats, out[2:]
 
     def exact_iterations(self) -> int:
         """Iterations after which momentum-1 adaptation equals train-mode BatchNorm (one per BN layer)."""

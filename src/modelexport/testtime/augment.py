@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._config import unknown_choice
 from ..errors import TestTimeError
 from .registry import Registry
 
@@ -77,7 +78,7 @@ def get_transform(name: str, modality: str) -> Transform:
     key = f"{modality}:{name}"
     if key not in TRANSFORMS:
         raise TestTimeError(
-            f"unknown {modality} TTA transform {name!r}; valid: {', '.join(transforms_for(modality))}",
+            unknown_choice(f"{modality} TTA transform", name, transforms_for(modality)),
             hint="pass --tta-transforms with names from the list",
         )
     return TRANSFORMS.get(key)

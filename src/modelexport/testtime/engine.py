@@ -1,10 +1,16 @@
 """``TestTimeEngine``: one entry point that spends test-time compute on an ONNX model.
 
-``TestTimeEngine(model, policy, providers).predict(feeds) -> probabilities (N, C)``. Per call, in order:
-adapt BN statistics or run Tent on the batch (``policy.ttt``), run the TTA views (batched when the batch
-axis is dynamic) with MC-dropout passes inside each view, and aggregate. Sessions are built once and
-never modified: an adaptation lives in a per-call state (episodic) or in a :class:`Stream` the caller
-holds (``engine.new_stream()``), so concurrent callers are isolated.
+``TestTimeEngine(model, policy, providers).predict(feeds, stream) -> probabilities (N, C)``. Per call, in
+order: adapt BN statistics or run Tent on the batch (``policy.ttt``), run the TTA views (batched when the
+batch axis is dynamic) with MC-dropout passes inside each view, and aggregate. Sessions are built once and
+never modified: an adaptation lives in a :class:`Stream` the caller holds (``engine.new_stream()``; one per
+client, the engine keeps none), so concurrent callers are isolated. A call without a stream starts from the
+source and keeps nothing.
+
+The default (``statistics="memory"``) costs one ONNX Runtime pass: the pass that predicts also reports every
+example's BN statistics into the stream's class-balanced memory (``memory.py``), and its stem BN layers mix
+in the batch's own statistics. The collapse guard runs the source model only while the adapted predictions
+look collapsed.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from ..runtime.session import SessionConfig, create_session
 from .adapt import BNAdapter, BNState
 from .aggregate import aggregate
 from .augment import make_views
-from .graph import load_model
+from .graph import load_model, mixed_statistics
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
+from .memory import StatisticsMemory, StatisticsPrior
 from .methods import ADAPTATION_METHODS
 from .policy import TestTimePolicy
 from .streams import MIN_BATCH, PRIOR_WINDOW, CollapseGuard, Stream, prior_correction
@@ -86,11 +93,14 @@ class TestTimeEngine:
             )
         inits = {t.name for t in source.graph.initializer}
         self.inputs = [i for i in source.graph.input if i.name not in inits]
+        self._input_names = [i.name for i in self.inputs]
         self.input_name = input_name or self.inputs[0].name
         self.output_name = output_name or source.graph.output[0].name
         self.dynamic_batch = self._batch_is_dynamic(self.input_name)
         self.modality = self._modality()
-        self._default_stream = Stream()
+        self._prior: StatisticsPrior | None = None
+        if self.adapter is not None and self.policy.statistics == "memory":
+            self._prior = self.adapter.prior(self.policy.stem_prior, self.policy.deep_prior)
 
     # ----------------------------------------------------------------------------------------- introspection
 
@@ -109,7 +119,7 @@ class TestTimeEngine:
         return "image" if rank == 4 else "tensor"
 
     def new_stream(self) -> Stream:
-        """A fresh adaptation stream (use one per client for non-episodic policies)."""
+        """A fresh adaptation stream: one per client of a continual policy (the default), passed to every call."""
         return Stream()
 
     # ----------------------------------------------------------------------------------------------- running
@@ -242,13 +252,13 @@ class TestTimeEngine:
 
     def run(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> TestTimeResult:
         """Predict one batch with the policy; returns probabilities and what was spent."""
-        missing = [i.name for i in self.inputs if i.name not in feeds]
+        missing = [name for name in self._input_names if name not in feeds]
         if missing:
-            raise InferenceError(
-                f"missing model inputs {missing}; the model takes {[i.name for i in self.inputs]}"
-            )
-        stream = stream or self._default_stream
+            raise InferenceError(f"missing model inputs {missing}; the model takes {self._input_names}")
+        stream = stream if stream is not None else Stream()  # no stream: nothing is carried over
         p = self.policy
+        if self._prior is not None:
+            return self._correct(stream, self._run_memory(feeds, stream))
         if self.adapter is not None and p.batch_statistics and p.label_shift_alpha:
             if len(feeds[self.input_name]) < MIN_BATCH:  # too few examples for their own statistics
                 return self._correct(stream, self._fallback(feeds, stream, "small batch"))
@@ -259,6 +269,101 @@ class TestTimeEngine:
                 before = stream.state
                 state = self._adapt(feeds, stream)
         return self._correct(stream, self._guard(feeds, stream, self._predict(feeds, state), before))
+
+    # ---------------------------------------------------------------------------------- memory statistics
+
+    def _memory_state(self, bank: StatisticsMemory | None, n: int, affine: BNState | None) -> BNState:
+        """The robust statistics for a batch of ``n``: the source blended with the memory in every layer, and
+        the batch's own mixed into the stem layers (weights: examples; the source counts ``stem_prior``)."""
+        adapter, prior = self.adapter, self._prior
+        assert adapter is not None and prior is not None
+        count = bank.size if bank is not None else 0
+        weight = n / (n + count + self.policy.stem_prior)
+        if count:
+            mean, var = prior.blend(bank)  # type: ignore[arg-type]
+            state = adapter.statistics_feeds(mean, var, weight)
+        else:
+            state = adapter.statistics_feeds(None, None, weight)
+        if affine:
+            state.update(affine)
+        return state
+
+    def _run_memory(self, feeds: dict[str, np.ndarray], stream: Stream) -> TestTimeResult:
+        """One batch with the memory statistics: one pass predicts and reports every example's statistics
+        (a gradient method's step and a second pass in between); the stream's memory then takes them."""
+        adapter, p = self.adapter, self.policy
+        assert adapter is not None
+        n = len(feeds[self.input_name])
+        with stream.lock:
+            continual = not p.episodic
+            bank = stream.bank if continual else None
+            state = self._memory_state(bank, n, stream.state if continual else None)
+            logits, stats, state = self._adapted_pass(feeds, state, stream)
+            classes = _classes(logits)
+            if continual:
+                if bank is None:
+                    classes_out = logits.shape[1] if logits.ndim == 2 and logits.shape[1] > 1 else 1
+                    bank = stream.bank = StatisticsMemory(p.memory_size, stats.shape[1], classes_out)
+                bank.add(stats, classes)
+                stream.batches += 1
+                stream.seen += n
+            suspect = self._suspects(stream, classes, logits)
+        if p.tta_transforms or p.mc_dropout:
+            result = self._predict(feeds, state, adapted=True)
+        else:
+            result = TestTimeResult(softmax(logits, 1 if logits.ndim == 4 else -1), adapted=True)
+        return self._judge(feeds, stream, result) if suspect else result
+
+    def _adapted_pass(
+        self, feeds: dict[str, np.ndarray], state: BNState, stream: Stream
+    ) -> tuple[np.ndarray, np.ndarray, BNState]:
+        """(output, every example's statistics, the state it ran with): one pass, or for a gradient method
+        one pass, its step on the BN scale/bias under the statistics of that pass, and a pass with them."""
+        adapter, p = self.adapter, self.policy
+        assert adapter is not None
+        method = ADAPTATION_METHODS.get(p.ttt)
+        step = method.step if len(feeds[self.input_name]) >= method.min_batch else None
+        extra = [t for i in adapter.mixed for t in mixed_statistics(i)] if step else []
+        logits, stats, mixed = adapter.run_with_statistics(feeds, state, self.output_name, extra)
+        if step is None:
+            return logits, stats, state
+        normalise = {**adapter.source_state, **state}
+        for k, i in enumerate(adapter.mixed):
+            layer = adapter.layers[i]
+            normalise[layer.mean], normalise[layer.var] = mixed[2 * k], mixed[2 * k + 1]
+        affine = step(adapter, feeds, p, normalise, stream)
+        if not p.episodic:
+            stream.state = affine
+        state = {**state, **affine}
+        return adapter.run(feeds, state, [self.output_name])[0], stats, state
+
+    def _suspects(self, stream: Stream, classes: np.ndarray, logits: np.ndarray) -> bool:
+        """The collapse guard's lazy check (the stream's lock held): the source model is run on a batch only
+        while the adapted predictions look collapsed (:meth:`CollapseGuard.suspects`)."""
+        p = self.policy
+        if not p.collapse_threshold or logits.ndim != 2:
+            return False
+        if stream.guard is None:
+            stream.guard = CollapseGuard(p.collapse_threshold, p.collapse_window, 0.0, p.episodic)
+        return stream.guard.suspects(classes, logits.shape[-1])
+
+    def _judge(self, feeds: dict[str, np.ndarray], stream: Stream, result: TestTimeResult) -> TestTimeResult:
+        """A suspected batch: the source predicts it too; on a collapse (narrower than the source on the same
+        examples) the stream is reset and the source's prediction is served."""
+        source = self._predict(feeds, None, adapted=False)
+        num_classes = result.probs.shape[-1]
+        with stream.lock:
+            guard = stream.guard
+            assert guard is not None
+            if not guard.judge(result.probs.argmax(-1), source.probs.argmax(-1), num_classes):
+                return result
+            reset = not self.policy.episodic
+            if reset:
+                stream.reset()
+                stream.resets += 1
+            stream.fallbacks += 1
+        source.fallback, source.reset = "collapse", reset
+        return source
 
     def _predict(
         self, feeds: dict[str, np.ndarray], state: BNState | None, adapted: bool | None = None
@@ -289,11 +394,25 @@ class TestTimeEngine:
             probs[low] = aggregate(views, self.policy.tta_aggregate, -1)
         return TestTimeResult(probs.astype(np.float32), k, len(low), adapted, uncertainty, batched)
 
-    def adapted_model(self, feeds: dict[str, np.ndarray]) -> onnx.ModelProto:
-        """A copy of the model with this batch's BN / Tent adaptation written into its initializers (to save or ship)."""
-        if self.adapter is None:
+    def adapted_model(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> onnx.ModelProto:
+        """A copy of the model with the adaptation of this batch written into its initializers (to save or
+        ship): run plainly it predicts the batch as :meth:`run` would on ``stream`` (default: a fresh one,
+        which is not changed)."""
+        adapter = self.adapter
+        if adapter is None:
             raise TestTimeError("the policy adapts nothing (ttt=none); use ttt='bn' or 'tent'")
-        return self.adapter.adapted_model(self._adapt(feeds, Stream()) or {})
+        if self._prior is None:
+            return adapter.adapted_model(self._adapt(feeds, Stream()) or {})
+        stream = stream if stream is not None else Stream()
+        with stream.lock:
+            state = self._memory_state(stream.bank, len(feeds[self.input_name]), stream.state)
+            scratch = Stream(state=stream.state, memory=dict(stream.memory))
+        _, _, state = self._adapted_pass(feeds, state, scratch)
+        mixed = adapter.run(feeds, state, [t for i in adapter.mixed for t in mixed_statistics(i)])
+        values = {k: v for k, v in state.items() if k in adapter.source_state}
+        for k, i in enumerate(adapter.mixed):
+            values[adapter.layers[i].mean], values[adapter.layers[i].var] = mixed[2 * k], mixed[2 * k + 1]
+        return adapter.adapted_model(values)
 
     def predict(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> np.ndarray:
         """Probabilities (N, C) (dense outputs: (N, C, H, W))."""
@@ -306,10 +425,21 @@ class TestTimeEngine:
         flat = [t for view in views for t in view]
         feeds = processor(texts=flat)
         feeds = {i.name: feeds[i.name] for i in self.inputs if i.name in feeds}
-        state = self._adapt(feeds, self._default_stream) if self.adapter else None
+        stream = Stream()
+        if self._prior is not None:
+            state: BNState | None = self._memory_state(None, len(next(iter(feeds.values()))), None)
+        else:
+            state = self._adapt(feeds, stream) if self.adapter else None
         out, _ = self._forward(feeds, state)
         logits = out.reshape(len(views), len(texts), *out.shape[1:])
         return aggregate(logits, self.policy.tta_aggregate, -1)
+
+
+def _classes(logits: np.ndarray) -> np.ndarray:
+    """The predicted classes that key the statistics memory (a classifier's; one key for other outputs)."""
+    if logits.ndim == 2 and logits.shape[1] > 1:
+        return logits.argmax(-1)
+    return np.zeros(len(logits), np.int64)
 
 
 def _batched(value: np.ndarray, n: int) -> bool:

@@ -20,6 +20,12 @@ __all__ = [
     "write_initializers",
     "initializer_arrays",
     "constant_value",
+    "has_upstream",
+    "mix_batch_statistics",
+    "mix_weight",
+    "mixed_statistics",
+    "node_label",
+    "SAMPLE_STATS",
 ]
 
 
@@ -62,6 +68,9 @@ def _elem_type(model: onnx.ModelProto, name: str) -> int:
     for vi in [*model.graph.value_info, *model.graph.input, *model.graph.output]:
         if vi.name == name:
             return vi.type.tensor_type.elem_type
+    for t in model.graph.initializer:
+        if t.name == name:
+            return t.data_type
     return onnx.TensorProto.FLOAT
 
 
@@ -103,3 +112,171 @@ def constant_value(model: onnx.ModelProto, name: str) -> np.ndarray | None:
                 if attr.name in ("value_float", "value_int", "value_floats", "value_ints"):
                     return np.asarray(helper.get_attribute_value(attr))
     return None
+
+
+def node_label(node: onnx.NodeProto, index: int) -> str:
+    """A node's name, or ``<op>_<index>`` for an unnamed one (the index in ``graph.node``)."""
+    return node.name or f"{node.op_type.lower()}_{index}"
+
+
+def has_upstream(model: onnx.ModelProto, tensor: str, op_type: str) -> bool:
+    """Whether ``tensor`` is computed from the output of an ``op_type`` node (anywhere upstream)."""
+    producers = {o: n for n in model.graph.node for o in n.output if o}
+    seen: set[str] = set()
+    todo = [tensor]
+    while todo:
+        name = todo.pop()
+        node = producers.get(name)
+        if node is None or name in seen:
+            continue
+        seen.add(name)
+        if node.op_type == op_type:
+            return True
+        todo.extend(i for i in node.input if i)
+    return False
+
+
+def _rank(model: onnx.ModelProto, names: list[str]) -> dict[str, int | None]:
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - ranks then stay unknown and the general path is used
+        inferred = model
+    infos = {
+        vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    }
+    out: dict[str, int | None] = {}
+    for name in names:
+        vi = infos.get(name)
+        has = vi is not None and vi.type.tensor_type.HasField("shape")
+        out[name] = len(vi.type.tensor_type.shape.dim) if has else None  # type: ignore[union-attr]
+    return out
+
+
+class _Nodes:
+    """Nodes and constants added by :func:`mix_batch_statistics`, named under one prefix."""
+
+    def __init__(self, opset: int) -> None:
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+
+    def add(self, op: str, inputs: list[str], output: str, **attrs: object) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], **attrs))
+        return output
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(value, name))
+        return name
+
+    def mean(self, x: str, axes: list[int], output: str) -> str:
+        """ReduceMean without keeping the reduced axes (axes an input from opset 18, an attribute before)."""
+        if self.opset >= 18:
+            return self.add(
+                "ReduceMean",
+                [x, self.const(f"{output}.axes", np.asarray(axes, np.int64))],
+                output,
+                keepdims=0,
+            )
+        return self.add("ReduceMean", [x], output, axes=axes, keepdims=0)
+
+
+#: Prefix of every tensor :func:`mix_batch_statistics` adds.
+MIX_PREFIX = "modelexport.tta."
+#: Output (N, 2S, ...): every example's per-channel mean at each BatchNormalization input (S channels in all,
+#: in graph order), then its per-channel mean square (trailing axes of size 1 when the inputs are images).
+SAMPLE_STATS = MIX_PREFIX + "sample_stats"
+
+
+def mix_weight(index: int) -> str:
+    """The scalar input: the weight of the batch's own statistics at mixed BN layer ``index`` (default 0)."""
+    return f"{MIX_PREFIX}{index}.weight"
+
+
+def mixed_statistics(index: int) -> tuple[str, str]:
+    """The outputs: the mean and variance mixed BN layer ``index`` normalised with."""
+    return f"{MIX_PREFIX}{index}.mean", f"{MIX_PREFIX}{index}.var"
+
+
+def _per_example(g: _Nodes, x: str, rank: int | None, p: str, pooled: bool) -> tuple[str, str]:
+    """Per-example channel means and mean squares of ``x`` (N, C, ...): (N, C), or with ``pooled`` (every BN
+    input of one rank >= 3) GlobalAveragePool's (N, C, 1, ...) as they are -- fewer nodes at batch size 1,
+    and ONNX Runtime keeps its blocked conv layout."""
+    square = g.add("Mul", [x, x], f"{p}.square")
+    if rank == 2:
+        return x, square
+    if rank is not None and rank >= 3:
+        means = [g.add("GlobalAveragePool", [t], f"{p}.{k}.pooled") for k, t in (("m", x), ("q", square))]
+        if pooled:
+            return means[0], means[1]
+        return g.add("Flatten", [means[0]], f"{p}.m", axis=1), g.add("Flatten", [means[1]], f"{p}.q", axis=1)
+    shape = g.const(f"{p}.shape", np.asarray([0, 0, -1], np.int64))
+    flat = [g.add("Reshape", [t, shape], f"{p}.{k}.flat") for k, t in (("m", x), ("q", square))]
+    return g.mean(flat[0], [2], f"{p}.m"), g.mean(flat[1], [2], f"{p}.q")
+
+
+def _mixed(g: _Nodes, m: str, q: str, axes: list[int], mean: str, var: str, index: int) -> tuple[str, str]:
+    """The mixture of the prior (``mean``, ``var``) with weight 1 - w and the batch's statistics with weight w::
+
+    mean' = mean + w d,  var' = var + w (batch_var - var) + w (1 - w) d^2,  d = batch_mean - mean
+
+    exact at w = 0 (the prior) and w = 1 (train-mode BatchNorm on the batch)."""
+    p, w = f"{MIX_PREFIX}{index}", mix_weight(index)
+    bm, bq = g.mean(m, axes, f"{p}.batch_mean"), g.mean(q, axes, f"{p}.batch_square")
+    bv = g.add("Relu", [g.add("Sub", [bq, g.add("Mul", [bm, bm], f"{p}.bm2")], f"{p}.bv0")], f"{p}.batch_var")
+    d = g.add("Sub", [bm, mean], f"{p}.d")
+    wd = g.add("Mul", [w, d], f"{p}.wd")
+    out_mean, out_var = mixed_statistics(index)
+    g.add("Add", [mean, wd], out_mean)
+    spread = g.add("Add", [var, g.add("Mul", [w, g.add("Sub", [bv, var], f"{p}.dv")], f"{p}.wdv")], f"{p}.v0")
+    cross = g.add("Mul", [wd, g.add("Sub", [d, wd], f"{p}.d1")], f"{p}.cross")
+    g.add("Add", [spread, cross], out_var)
+    return out_mean, out_var
+
+
+def mix_batch_statistics(model: onnx.ModelProto, bn_nodes: list[str], mixed: set[int]) -> onnx.ModelProto:
+    """A copy whose BatchNormalization nodes (``bn_nodes``, by :func:`node_label`, in graph order) report every
+    example's channel statistics (:data:`SAMPLE_STATS`), and whose ``mixed`` ones (indices into ``bn_nodes``)
+    normalise with their mean/var inputs mixed with the batch's own statistics by the scalar input
+    :func:`mix_weight` (default 0: the graph computes what it did). One pass computes what exact test-batch
+    statistics would otherwise need one pass per layer for: each layer sees its input as normalised above."""
+    out = load_model(model)
+    g = _Nodes(next((o.version for o in out.opset_import if o.domain in ("", "ai.onnx")), 1))
+    wanted = {name: i for i, name in enumerate(bn_nodes)}
+    found = {node_label(n, k): n for k, n in enumerate(out.graph.node) if n.op_type == "BatchNormalization"}
+    missing = sorted(set(bn_nodes) - set(found))
+    if missing:
+        raise ValueError(f"no BatchNormalization nodes named {missing}")
+    ranks = _rank(out, [found[name].input[0] for name in bn_nodes])
+    kinds = set(ranks.values())
+    pooled = len(kinds) == 1 and (kinds.pop() or 0) >= 3  # (N, C, 1, ...) parts concatenate as they are
+    axes = [0, *range(2, next(iter(ranks.values())) or 2)] if pooled else [0]
+    parts: list[tuple[str, str]] = []
+    nodes: list[onnx.NodeProto] = []
+    for k, node in enumerate(out.graph.node):
+        i = wanted.get(node_label(node, k)) if node.op_type == "BatchNormalization" else None
+        if i is None:
+            nodes.append(node)
+            continue
+        x = node.input[0]
+        m, q = _per_example(g, x, ranks[x], f"{MIX_PREFIX}{i}", pooled)
+        parts.append((m, q))
+        bn = onnx.NodeProto()
+        bn.CopyFrom(node)
+        if i in mixed:
+            bn.input[3], bn.input[4] = _mixed(g, m, q, axes, node.input[3], node.input[4], i)
+        nodes += [*g.nodes, bn]
+        g.nodes.clear()
+    nodes.append(
+        helper.make_node("Concat", [m for m, _ in parts] + [q for _, q in parts], [SAMPLE_STATS], axis=1)
+    )
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(g.initializers)
+    dtype = _elem_type(out, found[bn_nodes[0]].input[3]) if bn_nodes else onnx.TensorProto.FLOAT
+    for i in sorted(mixed):  # the weight has the statistics' type (Mul needs one type)
+        zero = np.zeros((), helper.tensor_dtype_to_np_dtype(dtype))
+        out.graph.initializer.append(numpy_helper.from_array(zero, mix_weight(i)))
+        out.graph.input.append(helper.make_tensor_value_info(mix_weight(i), dtype, []))
+    outputs = [SAMPLE_STATS, *(name for i in sorted(mixed) for name in mixed_statistics(i))]
+    out.graph.output.extend(helper.make_tensor_value_info(o, dtype, None) for o in outputs)
+    return out

@@ -9,17 +9,40 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from .._config import split_names
+from .._config import closest, split_names
 from ..errors import TestTimeError
 from .aggregate import AGGREGATORS
 from .augment import MODALITIES, transforms_for
 from .methods import ADAPTATION_METHODS
+from .registry import Registry
 
-__all__ = ["MAX_PASSES", "TestTimePolicy", "ADAPTATION_METHODS", "POLICY_PRESETS", "policy_preset"]
+__all__ = [
+    "MAX_PASSES",
+    "STATISTICS",
+    "TestTimePolicy",
+    "ADAPTATION_METHODS",
+    "POLICY_PRESETS",
+    "policy_preset",
+]
 
 
 #: Most passes (adaptation iterations, MC dropout samples) a policy may ask for per batch.
 MAX_PASSES = 10_000
+#: Most examples a stream's statistics memory may hold.
+MAX_MEMORY = 100_000
+
+#: Where BN statistics come from (``--statistics``).
+STATISTICS: Registry[str] = Registry("BN statistics source")
+STATISTICS.add(
+    "memory",
+    "robust: a class-balanced memory of the stream's recent examples blended with the source, the batch itself "
+    "in stem layers only (testtime/memory.py); right for any stream order and batch size",
+)
+STATISTICS.add(
+    "batch",
+    "each batch's own statistics (blended with the source by bn_prior, or a running average by momentum when "
+    "continual); right for i.i.d. batches of 16 or more only, the label-shift guard serves other batches plainly",
+)
 _NUMBER_FIELDS: dict[str, type | tuple[type, ...]] = {
     "ttt_iterations": int,
     "mc_dropout": int,
@@ -28,12 +51,21 @@ _NUMBER_FIELDS: dict[str, type | tuple[type, ...]] = {
     "learning_rate": (int, float),
     "adaptive_threshold": (int, float),
     "label_shift_alpha": (int, float),
+    "memory_size": int,
+    "stem_prior": (int, float),
+    "deep_prior": (int, float),
 }
 
 
 @dataclass(frozen=True)
 class TestTimePolicy:
-    """Test-time augmentation, adaptation, MC dropout; the defaults spend no extra compute."""
+    """Test-time augmentation, adaptation, MC dropout; the defaults spend no extra compute.
+
+    Adaptation (``ttt``) is continual by default: a stream (``TestTimeEngine.new_stream()``; evaluate keeps
+    one) carries its statistics memory from batch to batch. Its defaults are the robust ``memory`` statistics,
+    tuned once on corrupted digits and measured on held-out corruptions and a second dataset
+    (``benchmarks/test_time.py``).
+    """
 
     __test__ = False  # not a pytest class
 
@@ -46,18 +78,29 @@ class TestTimePolicy:
     #: Run all views in one batch when the batch axis is dynamic (sequential otherwise).
     batched: bool = True
     ttt: str = "none"
-    #: BN: statistics passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
-    #: Tent: gradient steps per batch (None: 1, as in the paper).
+    #: Where BN statistics come from (``STATISTICS``): ``memory`` (robust, any stream) or ``batch``.
+    statistics: str = "memory"
+    #: memory: examples the class-balanced statistics memory of a stream holds.
+    memory_size: int = 64
+    #: memory: the source statistics' weight, in examples, in the stem BN layers (no BN upstream), which also
+    #: take the current batch's own statistics.
+    stem_prior: float = 8.0
+    #: memory: the source statistics' weight, in examples, in the deeper BN layers (memory only, never the
+    #: batch itself: a class-sorted batch must not normalise its own class-specific features; the memory
+    #: counts there by the square of the share of the classes it covers).
+    deep_prior: float = 32.0
+    #: batch statistics: passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
+    #: Tent / sar: gradient steps per batch (None: 1, as in the paper).
     ttt_iterations: int | None = None
-    #: Weight of this batch's BN statistics against the prior (the source, or the stream's running statistics
-    #: when not episodic): 1 = this batch only; < 1 = running statistics updated with this momentum.
+    #: batch statistics: weight of this batch's BN statistics against the prior (the source, or the stream's
+    #: running statistics when not episodic): 1 = this batch only; < 1 = running statistics by this momentum.
     momentum: float = 1.0
-    #: Strength of the prior in pseudo-examples: a batch of n gets weight momentum * n / (n + bn_prior)
-    #: (0: the batch alone). Keeps BN statistics sane on class-sorted batches and at batch size 1.
+    #: batch statistics: strength of the prior in pseudo-examples: a batch of n gets weight
+    #: momentum * n / (n + bn_prior) (0: the batch alone).
     bn_prior: float = 0.0
     learning_rate: float = 1e-3
     #: Reset the adaptation after every batch (False: a stream keeps adapting, continual).
-    episodic: bool = True
+    episodic: bool = False
     #: Continual: reset the stream to the source every this many batches (None: never).
     reset_every: int | None = None
     #: Collapse guard: reset the stream to the source when the entropy of the predicted classes over the last
@@ -86,11 +129,12 @@ class TestTimePolicy:
         if unknown:
             valid = "; ".join(f"{m}: {', '.join(transforms_for(m))}" for m in modalities)
             raise TestTimeError(
-                f"unknown TTA transform(s) {unknown}; valid ({valid})",
+                f"unknown TTA transform(s) {unknown}{_did_you_mean(unknown, modalities)}; valid ({valid})",
                 hint="choose --tta-transforms from the list",
             )
         AGGREGATORS.get(self.tta_aggregate)
         ADAPTATION_METHODS.get(self.ttt)
+        STATISTICS.get(self.statistics)
         if self.adaptive_threshold is not None and not 0.0 < self.adaptive_threshold <= 1.0:
             raise TestTimeError(f"adaptive_threshold must be in (0, 1], got {self.adaptive_threshold}")
         self._check_types()
@@ -100,6 +144,7 @@ class TestTimePolicy:
             raise TestTimeError(f"momentum must be in (0, 1], got {self.momentum}")
         if self.bn_prior < 0:
             raise TestTimeError(f"bn_prior must be >= 0 (pseudo-examples), got {self.bn_prior}")
+        self._check_memory()
         if self.reset_every is not None and self.reset_every < 1:
             raise TestTimeError(f"reset_every must be >= 1 batches, got {self.reset_every}")
         if not 0.0 <= self.collapse_threshold < 1.0:
@@ -123,6 +168,22 @@ class TestTimePolicy:
                 f"mc_dropout is the number of passes: 0 (off) or 2..{MAX_PASSES:,}, got {self.mc_dropout}"
             )
 
+    def _check_memory(self) -> None:
+        if not 1 <= self.memory_size <= MAX_MEMORY:
+            raise TestTimeError(
+                f"memory_size must be in [1, {MAX_MEMORY:,}] examples, got {self.memory_size}"
+            )
+        for name in ("stem_prior", "deep_prior"):
+            value = getattr(self, name)
+            if not 0 <= value < float("inf"):
+                raise TestTimeError(f"{name} must be a finite number of examples >= 0, got {value}")
+        if self.statistics == "memory" and (self.momentum != 1.0 or self.bn_prior != 0.0):
+            raise TestTimeError(
+                "momentum and bn_prior weigh batch statistics; the memory statistics take memory_size, "
+                f"stem_prior and deep_prior (got momentum={self.momentum}, bn_prior={self.bn_prior})",
+                hint="add statistics='batch' (--statistics batch) to use momentum / bn_prior",
+            )
+
     def _check_types(self) -> None:
         """Numbers are numbers (a policy may come from a file: metadata, --policy JSON)."""
         for name, kinds in _NUMBER_FIELDS.items():
@@ -144,9 +205,15 @@ class TestTimePolicy:
 
     @property
     def batch_statistics(self) -> bool:
-        """BN statistics come from each batch itself (episodic, or continual without a running average):
-        right on i.i.d. batches, wrong on label-shifted ones -- the label-shift guard applies."""
-        return self.ttt != "none" and (self.episodic or self.momentum >= 1.0)
+        """BN statistics come from each batch itself (``statistics="batch"``, episodic or continual without a
+        running average): right on i.i.d. batches, wrong on label-shifted ones -- the label-shift guard
+        applies."""
+        return self.ttt != "none" and self.statistics == "batch" and (self.episodic or self.momentum >= 1.0)
+
+    @property
+    def continual(self) -> bool:
+        """The policy adapts along a stream (its state carries from one batch to the next)."""
+        return self.ttt != "none" and not self.episodic
 
     def with_changes(self, **changes: Any) -> TestTimePolicy:
         return replace(self, **changes)
@@ -158,11 +225,15 @@ class TestTimePolicy:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TestTimePolicy:
+        """The policy ``to_dict`` wrote (or any subset of its keys). A policy stored before ``statistics``
+        existed (every key, ``episodic`` among them) keeps its meaning: ``statistics="batch"``."""
         valid = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:
             raise TestTimeError(f"unknown test-time policy keys {unknown}; valid: {', '.join(sorted(valid))}")
         values = dict(data)
+        if "episodic" in values and "statistics" not in values:  # a to_dict() from before the memory
+            values["statistics"] = "batch"
         if isinstance(values.get("tta_transforms"), list):
             values["tta_transforms"] = tuple(values["tta_transforms"])
         return cls(**values)
@@ -175,13 +246,22 @@ POLICY_PRESETS: dict[str, TestTimePolicy] = {
     "bn": TestTimePolicy(ttt="bn"),
     "flip+bn": TestTimePolicy(tta_transforms=("identity", "hflip"), modality="image", ttt="bn"),
     "tent": TestTimePolicy(ttt="tent"),
-    "bn-prior": TestTimePolicy(ttt="bn", bn_prior=16.0),
+    "sar": TestTimePolicy(ttt="sar"),
+    #: Each batch's own statistics, reset per batch (the default before the memory statistics).
+    "bn-exact": TestTimePolicy(ttt="bn", statistics="batch", episodic=True),
+    "bn-prior": TestTimePolicy(ttt="bn", statistics="batch", episodic=True, bn_prior=16.0),
     "bn-stream": TestTimePolicy(
-        ttt="bn", episodic=False, momentum=0.05, bn_prior=64.0, prior_correction=True
+        ttt="bn", statistics="batch", momentum=0.05, bn_prior=64.0, prior_correction=True
     ),
-    "sar": TestTimePolicy(ttt="sar", episodic=False, momentum=0.05, bn_prior=64.0, prior_correction=True),
     "mc-dropout": TestTimePolicy(mc_dropout=16),
 }
+
+
+def _did_you_mean(unknown: list[str], modalities: tuple[str, ...]) -> str:
+    """`` (did you mean 'hflip'?)`` for the first unknown transform name close to a valid one."""
+    valid = [n for m in modalities for n in transforms_for(m)]
+    guess = next((g for g in (closest(n, valid) for n in unknown) if g), None)
+    return f" (did you mean {guess!r}?)" if guess else ""
 
 
 def policy_preset(name: str) -> TestTimePolicy:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from .._config import unknown_choice
 from ..errors import TestTimeError
 
 __all__ = ["Registry"]
@@ -41,7 +42,9 @@ class Registry(Generic[T]):
         try:
             return self._entries[name]
         except KeyError:
-            raise TestTimeError(f"unknown {self.kind} {name!r}; valid: {', '.join(self.names())}") from None
+            raise TestTimeError(
+                unknown_choice(self.kind, name, self.names()), hint=f"choose the {self.kind} from the list"
+            ) from None
 
     def names(self) -> list[str]:
         return list(self._entries)

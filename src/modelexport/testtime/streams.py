@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TestTimeError
+from .memory import StatisticsMemory
 from .registry import Registry
 
 __all__ = [
@@ -185,6 +186,52 @@ def prior_correction(probs: np.ndarray, recent: np.ndarray) -> np.ndarray:
     return (out / out.sum(axis=-1, keepdims=True)).astype(probs.dtype)
 
 
+class ClassWindow:
+    """The last ``size`` predicted classes as a ring buffer with their counts; :meth:`due` is True once
+    full and then every quarter window (the entropy is looked at that often, not per example)."""
+
+    def __init__(self, size: int, num_classes: int) -> None:
+        self.ring = np.full(size, -1, np.int64)
+        self.counts = np.zeros(num_classes, np.int64)
+        self.pushed = 0
+        self.since = 0
+
+    def push(self, classes: np.ndarray) -> None:
+        size = len(self.ring)
+        if len(classes) == 1:
+            pos = self.pushed % size
+            old, new = int(self.ring[pos]), int(classes[0])
+            if old >= 0:
+                self.counts[old] -= 1
+            self.ring[pos] = new
+            self.counts[new] += 1
+        else:
+            positions = (self.pushed + np.arange(len(classes))) % size
+            keep = classes[-size:]
+            positions = positions[-size:]
+            old = self.ring[positions]
+            self.counts -= np.bincount(old[old >= 0], minlength=len(self.counts))
+            self.ring[positions] = keep
+            self.counts += np.bincount(keep, minlength=len(self.counts))
+        self.pushed += len(classes)
+        self.since += len(classes)
+
+    def due(self) -> bool:
+        if self.pushed < len(self.ring) or self.since < max(1, len(self.ring) // 4):
+            return False
+        self.since = 0
+        return True
+
+    def entropy(self) -> float:
+        p = self.counts[self.counts > 0] / self.counts.sum()
+        return float(-(p * np.log(p)).sum())
+
+    def clear(self) -> None:
+        self.ring[:] = -1
+        self.counts[:] = 0
+        self.pushed = self.since = 0
+
+
 @dataclass
 class CollapseGuard:
     """The predicted classes of a stream, adapted and source; says when a batch must be served by the source.
@@ -210,6 +257,10 @@ class CollapseGuard:
     episodic: bool = False
     adapted: list[int] = field(default_factory=list)
     source: list[int] = field(default_factory=list)
+    #: The lazy check's adapted predictions of the batches whose source predictions are in ``source``.
+    paired: list[int] = field(default_factory=list)
+    #: The lazy check's window of adapted predictions.
+    recent: ClassWindow | None = None
     #: The adapted predictions of the last MARGINAL_WINDOW examples (never cleared: the label history).
     history: list[int] = field(default_factory=list)
     resets: int = 0
@@ -234,6 +285,38 @@ class CollapseGuard:
         if self._collapsed(new, source, num_classes):
             return "collapse"
         return "label shift" if shifted else None
+
+    def suspects(self, adapted: np.ndarray, num_classes: int) -> bool:
+        """The lazy form of the collapse check (no source run per batch): records the adapted predictions and
+        says whether the source model's predictions of this batch are needed -- the last ``window`` adapted
+        predictions (checked every quarter window) are narrower than ``threshold * log C``, or a suspicion is
+        being judged (:meth:`judge`)."""
+        if self.threshold <= 0 or num_classes < 2:
+            return False
+        if self.recent is None or len(self.recent.counts) != num_classes:
+            self.recent = ClassWindow(self.window, num_classes)
+        self.recent.push(adapted)
+        if self.source:
+            return True
+        if not self.recent.due():
+            return False
+        return self.recent.entropy() < self.threshold * np.log(num_classes)
+
+    def judge(self, adapted: np.ndarray, source: np.ndarray, num_classes: int) -> bool | None:
+        """A suspected batch's adapted and source predictions: None while fewer than ``min(window,
+        SHIFT_WINDOW)`` source predictions are in, then True (collapsed: narrower than the source on the same
+        examples) or False. Either verdict clears the windows: the next check comes ``window`` predictions on."""
+        self.paired = self.paired + [int(c) for c in np.asarray(adapted).reshape(-1)]
+        self.source = self.source + [int(c) for c in np.asarray(source).reshape(-1)]
+        if len(self.source) < min(self.window, SHIFT_WINDOW):
+            return None
+        collapsed = _entropy(self.paired, num_classes) < _entropy(self.source, num_classes)
+        self.paired, self.source = [], []
+        if self.recent is not None:
+            self.recent.clear()
+        if collapsed and not self.episodic:
+            self.resets += 1
+        return collapsed
 
     def _collapsed(self, adapted: list[int], source: np.ndarray, num_classes: int) -> bool:
         if self.threshold <= 0:
@@ -263,6 +346,8 @@ class Stream:
     seen: int = 0
     #: Method scratch (the redundancy filter's moving average).
     memory: dict[str, np.ndarray] = field(default_factory=dict)
+    #: The class-balanced memory of recent examples' BN statistics (``statistics="memory"``).
+    bank: StatisticsMemory | None = None
     guard: CollapseGuard | None = None
     #: Collapse-guard resets to the source so far.
     resets: int = 0
@@ -274,4 +359,4 @@ class Stream:
 
     def reset(self) -> None:
         """Back to the source model: no adapted state, no memory."""
-        self.state, self.memory, self.seen = None, {}, 0
+        self.state, self.memory, self.seen, self.bank = None, {}, 0, None

@@ -20,7 +20,7 @@ from ..errors import TestTimeError
 from .adapt import BNAdapter, BNState
 from .interpreter import OnnxTorchModule
 
-__all__ = ["tent_adapt"]
+__all__ = ["tent_adapt", "tent_step"]
 
 
 def _entropy_loss(logits: Any) -> Any:
@@ -103,3 +103,20 @@ def tent_adapt(
             for name, p in module.parameters.items():
                 state[name] = p.detach().numpy().astype(state[name].dtype)
     return adapter.adapt(feeds, prior=state, momentum=1.0, iterations=None)
+
+
+def tent_step(
+    adapter: BNAdapter, feeds: dict[str, np.ndarray], stats: BNState, learning_rate: float, steps: int
+) -> BNState:
+    """``stats`` (the statistics to normalise with, and the current BN scale/bias) after ``steps`` Tent
+    updates of the scale/bias on this batch, the statistics held fixed (the memory statistics' Tent)."""
+    import torch
+
+    module = OnnxTorchModule(adapter.source, stats, train_bn=False)
+    tfeeds = {k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()}
+    with torch.enable_grad():
+        _optimize(lambda: module(tfeeds)[0], list(module.parameters.values()), learning_rate, steps)
+    out = dict(stats)
+    for name, p in module.parameters.items():
+        out[name] = p.detach().numpy().astype(adapter.source_state[name].dtype)
+    return out

@@ -1,11 +1,13 @@
 """``TestTimePolicyOptimizer``: a DSPy teleprompter that chooses how much test-time compute to spend.
 
-It searches TTA transform sets, aggregations, BN adaptation (exact, with a source prior, continual running
-statistics) on a validation set, measuring accuracy (``dspy.Evaluate``) *and* latency, and keeps the most
-accurate policy within the latency budget. Real streams are not i.i.d. (an image folder is read class by
-class), so every candidate is measured on the validation set streamed in each of ``orders`` (default:
-stratified shuffled batches AND class-sorted ones); a candidate is kept only if it is not worse than plain
-inference in any order, and its accuracy is its worst order's. The plain policy is always a candidate, so the
+It searches TTA transform sets, aggregations and BN adaptation (the robust memory statistics, alone and
+with the best TTA set) on a validation set, measuring accuracy (``dspy.Evaluate``) *and* latency, and keeps
+the most accurate policy within the latency budget. Real streams are not i.i.d. (an image folder is read
+class by class), so every candidate is measured on the validation set streamed in each of ``orders``
+(default: stratified shuffled batches, class-sorted ones and Dirichlet(0.1)-correlated ones); a candidate is
+kept only if it is not worse than plain inference in any order, and its accuracy is its worst order's.
+Exact per-batch BN statistics are not proposed: on correlated streams they only help where the label-shift
+guard serves batches plainly (``benchmarks/test_time.py``). The plain policy is always a candidate, so the
 choice is never less accurate than plain inference on the set and orders it was chosen on; the result records
 those stream assumptions.
 """
@@ -58,10 +60,9 @@ DEFAULT_TTA_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 DEFAULT_AGGREGATES = ("mean", "geometric_mean")
 #: Stream orders every candidate is validated under.
-DEFAULT_ORDERS = ("stratified", "class-sorted")
-#: Robust candidates beside exact BN: a source prior (pseudo-examples), and the continual presets
-#: (stream BN, the SAR-style method) as measured in benchmarks/test_time.py.
-ROBUST_BN = (TestTimePolicy(ttt="bn", bn_prior=128.0), POLICY_PRESETS["bn-stream"])
+DEFAULT_ORDERS = ("stratified", "class-sorted", "dirichlet:0.1")
+#: The adaptation candidates: BN with the memory statistics (continual, one ONNX Runtime pass per batch).
+ROBUST_BN = (POLICY_PRESETS["bn"],)
 
 
 @dataclass(frozen=True)
@@ -107,10 +108,8 @@ class PolicySearchSpace:
         return [(s, a) for s in sets for a in aggregates]
 
     def ttt_candidates(self) -> list[TestTimePolicy]:
-        if not self.ttt:
-            return []
-        exact = [TestTimePolicy(ttt="bn", ttt_iterations=it) for it in sorted({1, self.ttt_iterations})]
-        return exact + list(ROBUST_BN)
+        """The adaptation candidates (``ttt_iterations`` applies to batch statistics, not proposed here)."""
+        return list(ROBUST_BN) if self.ttt else []
 
 
 @dataclass
@@ -329,7 +328,9 @@ def _label(policy: TestTimePolicy) -> str:
     parts = []
     if policy.tta_transforms:
         parts.append(f"tta[{','.join(policy.tta_transforms)}|{policy.tta_aggregate}]")
-    if policy.ttt != "none":
+    if policy.ttt != "none" and policy.statistics == "memory":
+        parts.append(f"{policy.ttt}[memory{policy.memory_size}{'' if policy.continual else ',episodic'}]")
+    elif policy.ttt != "none":
         parts.append(f"{policy.ttt}x{policy.ttt_iterations}")
         if policy.bn_prior:
             parts.append(f"prior{policy.bn_prior:g}")

@@ -16,6 +16,7 @@ import dspy
 import numpy as np
 
 from .._numeric import softmax
+from .._progress import progress_bar
 from ..data import Dataset
 from ..errors import InferenceError
 from ..testtime.engine import TestTimeEngine
@@ -76,6 +77,8 @@ class OnnxBackend:
         self.policy = policy or TestTimePolicy()
         self.providers = tuple(providers or ())
         self.engine = TestTimeEngine(self.model_path, self.policy, self.providers)
+        #: One stream per deployment: a continual policy adapts along every batch this backend predicts.
+        self.stream = self.engine.new_stream()
 
     @property
     def provider(self) -> str:
@@ -84,7 +87,7 @@ class OnnxBackend:
     def __call__(self, inputs: Sequence[Any]) -> np.ndarray:
         if self.engine.modality == "text" and self.policy.tta_transforms:
             return self.engine.predict_texts(list(inputs), lambda texts: self.network.encode(texts))
-        return self.engine.predict(self._feeds(inputs))
+        return self.engine.predict(self._feeds(inputs), self.stream)
 
     def _feeds(self, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
         feeds = self.network.encode(inputs)
@@ -132,14 +135,12 @@ class ClassifierProgram(dspy.Module):
 
     def probabilities(self, inputs: Sequence[Any], batch_size: int | None = None) -> np.ndarray:
         """Class probabilities ``(N, K)`` in batches through the current backend."""
-        from tqdm.auto import tqdm
-
         size = batch_size or self.batch_size
         starts = range(0, len(inputs), size)
         quiet = not self.progress or len(starts) < 8
         parts = [
             self.backend(inputs[i : i + size])
-            for i in tqdm(starts, desc="predict", unit="batch", leave=False, disable=quiet)
+            for i in progress_bar(starts, desc="predict", unit="batch", leave=False, disable=quiet)
         ]
         return np.concatenate(parts) if parts else np.zeros((0, len(self.label_names)), np.float32)
 

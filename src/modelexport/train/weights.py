@@ -20,6 +20,8 @@ import dspy
 import numpy as np
 from dspy.teleprompt import Teleprompter
 
+from .._numeric import MAX_SEED, is_seed
+from .._progress import progress_bar
 from ..errors import ConfigError, TrainingError
 from .program import ClassifierProgram, label_accuracy
 
@@ -75,6 +77,7 @@ class TrainConfig:
                 ">= 1",
             ),
             ("train_eval_limit", self.train_eval_limit >= 1, ">= 1"),
+            ("seed", is_seed(self.seed), f"an integer in [0, {MAX_SEED:,}]"),
         ]
         for name, ok, valid in checks:
             if not ok:
@@ -215,13 +218,12 @@ class TorchWeightOptimizer(Teleprompter):
         self, student: ClassifierProgram, inputs: list[Any], targets: np.ndarray, run: _Run, epoch: int
     ) -> float:
         import torch
-        from tqdm.auto import tqdm
 
         cfg, net = self.config, student.network
         order = run.rng.permutation(len(inputs))
         net.module.train()
         losses: list[float] = []
-        bar = tqdm(
+        bar = progress_bar(
             total=run.steps,
             desc=f"train epoch {epoch}/{cfg.epochs}",
             unit="batch",

@@ -39,7 +39,7 @@ class PipelineConfig:
     batch_size: int | None = None
     learning_rate: float | None = None
     epochs: int | None = None
-    log_level: str = "INFO"
+    log_level: str = "WARNING"
     base_model: str | None = None
     text_column: str | None = None
     label_column: str | None = None

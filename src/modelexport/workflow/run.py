@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from tqdm.auto import tqdm
 
 from .._io import write_json
+from .._progress import note_progress_line, progress_bar
 from ..data import Dataset
 from ..inference.feeds import SampleSet, dataset_samples
 from ..inference.processors import ONNXAutoProcessor
@@ -54,6 +54,7 @@ class PipelineRun:
         if stage in STAGES:
             self._stage = STAGES.index(stage) + 1
         self.console.print(f"[bold green][{self._stage}/{len(STAGES)}] {stage}[/]: {message}")
+        note_progress_line()  # a stage line is progress: bars off a terminal wait their 5 s from here
 
     # ---------------------------------------------------------------------------------------------- run
 
@@ -158,7 +159,8 @@ class PipelineRun:
         worst = max((result.parity or {}).get("max_abs_diff", {}).values(), default=None)
         self.say(
             "export",
-            f"{self.cfg.model_file.name}: {result.node_count} nodes, tags {result.coverage['coverage_pct']}%, parity {worst}",
+            f"{self.cfg.model_file.name}: {result.node_count} nodes, tags {result.coverage['coverage_pct']}%, parity "
+            + ("not checked" if worst is None else f"{worst:.3g}"),
         )
         self.details["export"] = {
             "parity_max_abs_diff": worst,
@@ -270,7 +272,7 @@ class PipelineRun:
         )
         times: list[float] = []
         program.probabilities(batches[0])  # warm-up
-        with tqdm(
+        with progress_bar(
             total=cfg.iterations * len(batches),
             desc="inference",
             unit="batch",

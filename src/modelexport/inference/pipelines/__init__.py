@@ -6,6 +6,7 @@ from . import generation as _generation  # noqa: F401 - registers text-generatio
 from . import seq2seq as _seq2seq  # noqa: F401 - registers text2text-generation, speech recognition
 from . import text as _text  # noqa: F401 - registers the text tasks
 from . import vision as _vision  # noqa: F401 - registers the image and audio tasks
+from . import vlm as _vlm  # noqa: F401 - registers image-text-to-text
 from .base import PIPELINES, ONNXPipeline, register_pipeline
 from .factory import PROCESSOR_ARGS, create_pipeline, pipeline, resolve_task
 

@@ -20,6 +20,7 @@ from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_POLICY
 from ...runtime.session import SessionConfig
 from ...testtime.engine import TestTimeEngine
 from ...testtime.policy import TestTimePolicy
+from ...testtime.streams import Stream
 from ..processors import BaseONNXProcessor
 
 __all__ = ["ONNXPipeline", "PIPELINES", "register_pipeline", "sigmoid"]
@@ -83,6 +84,9 @@ class ONNXPipeline:
         #: Seconds of each load stage (``metadata``, ``session``, ``processor``, ``pipeline``) when made by
         #: :func:`~.factory.pipeline`.
         self.load_seconds: dict[str, float] = {}
+        #: The pipeline's adaptation stream: a continual policy adapts along everything this pipeline
+        #: predicts (one pipeline per independent stream of inputs).
+        self.test_time_stream = Stream()
 
     # ---------------------------------------------------------------------------------------------- labels
     @property
@@ -207,6 +211,7 @@ class ClassificationMixin:
     output_names: list[str]
     forward: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
     test_time_engine: Callable[[], TestTimeEngine]
+    test_time_stream: Stream
 
     def scores(self, logits: np.ndarray, function_to_apply: str | None = None) -> np.ndarray:
         fn = function_to_apply or (
@@ -222,7 +227,7 @@ class ClassificationMixin:
     def feed_probabilities(self, feeds: dict[str, np.ndarray], function_to_apply: str | None) -> np.ndarray:
         """Scores of one batch of feeds; with a test-time policy, its engine's probabilities."""
         if self.policy is not None:
-            return self.test_time_engine().predict(feeds)
+            return self.test_time_engine().predict(feeds, self.test_time_stream)
         logits = self.forward(feeds)[self.output_names[0]]
         return self.scores(logits, function_to_apply)
 

@@ -8,6 +8,7 @@ from .base import BaseONNXProcessor
 from .fast_tokenizer import FastTokenizer
 from .image import ONNXImageProcessor, to_array
 from .text import ONNXTokenizer, load_tokenizer
+from .vision_text import ONNXVisionTextProcessor, load_rgb
 
 __all__ = [
     "BaseONNXProcessor",
@@ -17,8 +18,10 @@ __all__ = [
     "ONNXImageProcessor",
     "ONNXProcessor",
     "ONNXTokenizer",
+    "ONNXVisionTextProcessor",
     "PROCESSORS",
     "ProcessorSources",
+    "load_rgb",
     "load_tokenizer",
     "read_audio",
     "register_processor",

@@ -21,7 +21,7 @@ import numpy as np
 from ..._transformers import major_version, transformers_version
 from ...errors import InferenceError, MetadataError
 from ...metadata.build import classify_processor_config, processor_section
-from ...metadata.schema import KEY_LIBRARIES, KEY_MODEL_CONFIG, KEY_PROCESSOR_CONFIG
+from ...metadata.schema import KEY_LIBRARIES, KEY_MODEL_CONFIG, KEY_PROCESSOR_CONFIG, KEY_TASK
 from ...metadata.store import read_metadata
 from ...onnxfile import resolve_model_path
 from ..graph import GraphInput, graph_inputs
@@ -29,6 +29,7 @@ from .audio import ONNXFeatureExtractor
 from .base import BaseONNXProcessor
 from .image import ONNXImageProcessor
 from .text import ONNXTokenizer, load_tokenizer
+from .vision_text import ONNXVisionTextProcessor
 
 __all__ = [
     "ONNXAutoProcessor",
@@ -53,6 +54,8 @@ class ProcessorSources:
     tokenizer: Any = None
     #: Library versions the export recorded (``modelexport.libraries``; empty for older packages).
     libraries: dict[str, str] = field(default_factory=dict)
+    #: The embedded task (``hf_pipeline_task``), when there is one.
+    task: str | None = None
 
     @property
     def model_type(self) -> str | None:
@@ -135,6 +138,15 @@ class ONNXProcessor(BaseONNXProcessor):
         return {**super().describe(), "parts": [p.describe() for p in self.parts]}
 
 
+#: The task whose packages are run through the model's own transformers processor (images, prompts, chat template).
+VISION_TEXT_TASK = "image-text-to-text"
+
+
+@register_processor("image-text", lambda s: s.task == VISION_TEXT_TASK)
+def _vision_text(s: ProcessorSources) -> BaseONNXProcessor:
+    return ONNXVisionTextProcessor.from_folder(s.folder, s.inputs)
+
+
 @register_processor("multimodal", lambda s: _has_text(s) and _has_image(s))
 def _multimodal(s: ProcessorSources) -> BaseONNXProcessor:
     text_inputs = [i for i in s.inputs if len(i.shape) != 4]
@@ -209,6 +221,7 @@ class ONNXAutoProcessor:
             model_config=dict(meta.get(KEY_MODEL_CONFIG) or _folder_config(file.parent)),
             tokenizer=tokenizer,
             libraries=dict(meta.get(KEY_LIBRARIES) or {}),
+            task=meta.get(KEY_TASK),
         )
 
     @classmethod
@@ -233,6 +246,8 @@ class ONNXAutoProcessor:
         """Our processor from a transformers tokenizer / image processor / feature extractor object."""
         if isinstance(processor, BaseONNXProcessor):
             return processor
+        if hasattr(processor, "image_processor") and hasattr(processor, "tokenizer"):  # images + prompts
+            return ONNXVisionTextProcessor(processor, sources.inputs)
         if hasattr(processor, "convert_tokens_to_ids"):
             return ONNXTokenizer(processor, sources.inputs, sources.model_config)
         to_dict = getattr(processor, "to_dict", None)

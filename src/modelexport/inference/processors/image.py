@@ -48,7 +48,10 @@ def to_array(image: Any) -> np.ndarray:
                 hint="a decompression bomb, or an image far larger than any model input: resize it first",
             ) from exc
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:  # truncated or broken files
-            raise InferenceError(f"{path} is not an image Pillow can read ({exc})") from exc
+            raise InferenceError(
+                f"{path} is not an image Pillow can read ({exc})",
+                hint="give a PNG, JPEG, BMP, GIF, TIFF or WebP file (or an array)",
+            ) from exc
     if isinstance(image, Image.Image):
         image = image.convert("RGB") if image.mode not in ("L", "RGB") else image
         image = np.asarray(image)

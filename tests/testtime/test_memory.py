@@ -1,0 +1,219 @@
+"""The memory statistics: the one-pass graph, the class-balanced memory, the blend, streams and callers,
+and a fast check of the targets on a held-out severity (the full held-out proof: test_stream_proof.py)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelexport.errors import TestTimeError
+from modelexport.testtime import POLICY_PRESETS, STATISTICS, BNAdapter, TestTimeEngine, TestTimePolicy
+from modelexport.testtime.adapt import channel_stats
+from modelexport.testtime.corruptions import corrupt
+from modelexport.testtime.graph import SAMPLE_STATS, mix_weight, mixed_statistics
+from modelexport.testtime.memory import StatisticsMemory, balanced_keep
+from modelexport.testtime.streams import CollapseGuard
+from tests.testtime.robustness import run_stream
+
+
+@pytest.mark.must
+def test_one_pass_reports_each_example_and_mixes_the_stem_exactly(digits_export: Any, digits: Any) -> None:
+    """Weight 0: the source model, bit for bit in the BN statistics; weight 1: the stem layer normalises with
+    the batch's own statistics (train-mode BN); the per-example statistics are those of the BN inputs."""
+    adapter = BNAdapter(digits_export.onnx_path)
+    assert adapter.stem == [True, False, False] and adapter.mixed == [0]
+    feeds = {"x": digits.x_test[:40]}
+    source = adapter.run(feeds)[0]
+    import onnxruntime as ort
+
+    plain = ort.InferenceSession(str(digits_export.onnx_path)).run(None, feeds)[0]
+    np.testing.assert_allclose(source, plain, rtol=1e-5, atol=1e-5)
+    layers = adapter.layers
+    out = adapter.run(
+        feeds, {mix_weight(0): np.asarray(1.0, np.float32)}, [SAMPLE_STATS, *mixed_statistics(0), layers[0].x]
+    )
+    stats, mean, var, x0 = out[0].reshape(40, -1), out[1], out[2], out[3]
+    want_mean, want_var = channel_stats(x0)
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(var, want_var, rtol=1e-3, atol=1e-5)
+    c = len(want_mean)
+    np.testing.assert_allclose(stats[:, :c], x0.mean(axis=(2, 3)), rtol=1e-5, atol=1e-6)
+    s = stats.shape[1] // 2
+    np.testing.assert_allclose(stats[:, s : s + c], (x0.astype(np.float64) ** 2).mean(axis=(2, 3)), rtol=1e-4)
+    unmixed = adapter.run(feeds, None, list(mixed_statistics(0)))
+    np.testing.assert_array_equal(unmixed[0], adapter.source_state[layers[0].mean])
+    np.testing.assert_array_equal(unmixed[1], adapter.source_state[layers[0].var])
+
+
+@pytest.mark.must
+def test_memory_keeps_every_class_its_share_and_the_newest() -> None:
+    one_at_a_time, batched = StatisticsMemory(8, 2, 3), StatisticsMemory(8, 2, 3)
+    labels = np.array([i % 3 for i in range(20)] + [0] * 10)  # three classes, then one class floods
+    rows = np.arange(60, dtype=np.float64).reshape(30, 2)
+    for row, label in zip(rows, labels, strict=True):
+        one_at_a_time.add(row[None], np.array([label]))
+    batched.add(rows, labels)
+    for memory in (one_at_a_time, batched):
+        counts = np.bincount(memory.classes[: memory.size], minlength=3)
+        assert memory.size == 8 and sorted(counts) == [2, 3, 3] and memory.distinct == 3
+        assert memory.coverage == 1.0
+        np.testing.assert_allclose(memory.moments(), memory.stats[: memory.size].mean(axis=0))
+        for c in range(3):  # the newest of each class are the ones kept
+            kept = np.sort(memory.ages[: memory.size][memory.classes[: memory.size] == c])
+            assert list(kept) == sorted(np.flatnonzero(labels == c) + 1)[-len(kept) :]
+    np.testing.assert_array_equal(
+        balanced_keep(np.array([0, 0, 0, 1]), np.array([1, 2, 3, 4]), 2), [2, 3]
+    )  # class 1 keeps its one entry, class 0 its newest
+
+
+@pytest.mark.must
+def test_blend_is_the_mixture_with_the_source_and_deep_layers_weigh_coverage(digits_export: Any) -> None:
+    adapter = BNAdapter(digits_export.onnx_path)
+    prior = adapter.prior(8.0, 32.0)
+    width = 2 * len(prior.mean)
+    memory = StatisticsMemory(64, width, 10)
+    rng = np.random.default_rng(0)
+    means = rng.normal(size=(16, width // 2))
+    rows = np.concatenate([means, means**2 + rng.random((16, width // 2))], axis=1)  # mean squares >= means^2
+    memory.add(rows, np.array([0, 1] * 8))  # 16 examples of 2 of 10 classes
+    mean, var = prior.blend(memory)
+    m, q = memory.moments()[: len(prior.mean)], memory.moments()[len(prior.mean) :]
+    stem = adapter.channels[0]
+    for part, count, strength in ((stem, 16, 8.0), (adapter.channels[1], 16 * 0.2**2, 32.0)):
+        w = count / (count + strength)
+        src_m, src_v = prior.mean[part], prior.var[part]
+        want_mean = (1 - w) * src_m + w * m[part]
+        want_var = (1 - w) * (src_v + src_m**2) + w * q[part] - want_mean**2
+        np.testing.assert_allclose(mean[part], want_mean, rtol=1e-10)
+        np.testing.assert_allclose(var[part], want_var, rtol=1e-10)
+
+
+@pytest.mark.must
+def test_streams_are_per_caller_and_a_call_without_one_keeps_nothing(digits_export: Any, digits: Any) -> None:
+    """Four callers stream their own batches through one engine at once: each gets what it gets alone."""
+    engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
+    batches = [corrupt(digits.x_test[i * 24 : (i + 1) * 24], "contrast", 1 + i % 4) for i in range(16)]
+    clients = [batches[k::4] for k in range(4)]
+
+    def serve(client: list[np.ndarray]) -> list[np.ndarray]:
+        stream = engine.new_stream()
+        return [engine.predict({"x": b}, stream) for b in client]
+
+    alone = [serve(c) for c in clients]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(serve, clients))
+    for a, t in zip(alone, together, strict=True):
+        for x, y in zip(a, t, strict=True):
+            np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
+    stream = engine.new_stream()
+    first = engine.predict({"x": batches[0]}, stream)
+    engine.predict({"x": batches[1]}, stream)
+    assert stream.bank is not None and stream.bank.size == 48 and stream.batches == 2
+    np.testing.assert_allclose(engine.predict({"x": batches[0]}), first, rtol=1e-6)  # no stream: fresh
+    assert not np.allclose(engine.predict({"x": batches[0]}, stream), first)  # the stream remembers
+
+
+@pytest.mark.must
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"statistics": "running"}, "valid: memory, batch"),
+        ({"memory_size": 0}, "memory_size"),
+        ({"stem_prior": -1.0}, "stem_prior"),
+        ({"deep_prior": float("inf")}, "deep_prior"),
+        ({"momentum": 0.5}, "--statistics batch"),
+        ({"bn_prior": 16.0}, "--statistics batch"),
+    ],
+)
+def test_memory_options_are_checked(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(TestTimeError) as info:
+        TestTimePolicy(ttt="bn", **changes)
+    assert message in str(info.value) + str(info.value.hint)
+
+
+@pytest.mark.must
+def test_policies_stored_before_the_memory_keep_their_meaning() -> None:
+    old = TestTimePolicy(ttt="bn", statistics="batch", episodic=True).to_dict()
+    del old["statistics"], old["memory_size"], old["stem_prior"], old["deep_prior"]
+    assert TestTimePolicy.from_dict(old) == POLICY_PRESETS["bn-exact"]
+    assert TestTimePolicy.from_dict({"ttt": "bn"}).statistics == "memory"  # a hand-written subset: defaults
+    assert TestTimePolicy(ttt="bn").continual and not TestTimePolicy().continual
+
+
+@pytest.mark.must
+def test_lazy_guard_runs_the_source_only_when_predictions_look_collapsed() -> None:
+    spread, one = np.arange(64) % 10, np.zeros(64, np.int64)
+    guard = CollapseGuard(threshold=0.2, window=128, shift_alpha=0.0)
+    assert not any(guard.suspects(spread, 10) for _ in range(8))  # diverse: never asks for the source
+    assert not guard.suspects(one, 10)  # the window is not yet narrow
+    assert guard.suspects(one, 10)  # now it is
+    assert guard.judge(one, spread, 10) is True and guard.resets == 1  # the source spreads: collapsed
+    both = CollapseGuard(threshold=0.2, window=128, shift_alpha=0.0)
+    for _ in range(2):
+        both.suspects(one, 10)
+    assert both.judge(one, one, 10) is False  # the source is as narrow (a corruption): no reset
+    assert not both.suspects(one, 10)  # and the next look is a window later
+
+
+@pytest.mark.sanity
+def test_a_collapsing_stream_is_reset_and_served_by_the_source(digits_export: Any, digits: Any) -> None:
+    """Tent with a wild learning rate collapses a continual stream; the lazy guard resets it."""
+    x, y, path = digits.x_test, digits.y_test, digits_export.onnx_path
+    wild = TestTimePolicy(ttt="tent", learning_rate=1.0, ttt_iterations=3, collapse_window=64)
+    unguarded, _ = run_stream(path, wild.with_changes(collapse_threshold=0.0), x, y, "shuffle", 32)
+    guarded, stream = run_stream(path, wild, x, y, "shuffle", 32)
+    assert stream.resets >= 1 and stream.fallbacks >= 1  # type: ignore[attr-defined]
+    assert guarded > unguarded + 0.1
+
+
+@pytest.mark.sanity
+@pytest.mark.parametrize("method", ["tent", "sar"])
+def test_gradient_methods_step_only_on_batches_they_can_learn_from(
+    digits_export: Any, digits: Any, method: str
+) -> None:
+    """One example's entropy is minimised by any confident class: below MIN_BATCH the gradient methods are
+    BN's statistics alone."""
+    x = corrupt(digits.x_test[:24], "contrast", 3)
+    bn, tent = (TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt=t)) for t in ("bn", method))
+    streams = [e.new_stream() for e in (bn, tent)]
+    for i in range(len(x)):
+        a, b = (e.predict({"x": x[i : i + 1]}, s) for e, s in zip((bn, tent), streams, strict=True))
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert streams[1].state is None  # nothing learned
+    tent.predict({"x": x}, streams[1])
+    assert streams[1].state is not None  # a batch of 24 is stepped on
+
+
+@pytest.mark.smoke
+def test_memory_bn_meets_the_targets_on_a_held_out_severity(digits_export: Any, digits: Any) -> None:
+    """Fast check on contrast@4 (tuning used severity 3): class-sorted batches of 64 recover >= 50% of the
+    loss, batch 1 >= 30%, and clean class-sorted and Dirichlet streams lose at most a point."""
+    x, y, path = digits.x_test, digits.y_test, digits_export.onnx_path
+    shifted = corrupt(x, "contrast", 4)
+    plain = TestTimeEngine(path)
+    engine = TestTimeEngine(path, TestTimePolicy(ttt="bn"))
+    clean_plain = run_stream(plain, plain.policy, x, y, "as-is", 64)[0]
+    shifted_plain = run_stream(plain, plain.policy, shifted, y, "as-is", 64)[0]
+    lost = clean_plain - shifted_plain
+    assert lost > 0.5
+    for batch, target in ((64, 0.5), (1, 0.3)):
+        acc = run_stream(engine, engine.policy, shifted, y, "class-sorted", batch)[0]
+        assert (acc - shifted_plain) / lost >= target, (batch, acc)
+        for order in ("class-sorted", "dirichlet:0.03"):
+            assert run_stream(engine, engine.policy, x, y, order, batch)[0] >= clean_plain - 0.01
+
+
+@pytest.mark.sanity
+@pytest.mark.parametrize("statistics", list(STATISTICS))
+def test_every_statistics_source_adapts_a_shifted_batch(
+    digits_export: Any, digits: Any, statistics: str
+) -> None:
+    x = corrupt(digits.x_test[:64], "contrast", 3)
+    engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn", statistics=statistics))
+    plain = TestTimeEngine(digits_export.onnx_path).predict({"x": x}).argmax(1)
+    adapted = engine.predict({"x": x}, engine.new_stream()).argmax(1)
+    y = digits.y_test[:64]
+    assert (adapted == y).mean() > (plain == y).mean() + 0.5
