@@ -154,15 +154,17 @@ def minilm_int4(minilm_export: Any, tmp_path_factory: pytest.TempPathFactory) ->
 def test_minilm_int4_is_tagged_mixed_and_keeps_its_sentence_embeddings(
     minilm_export: Any, minilm_int4: tuple[Path, Any]
 ) -> None:
-    """Default int4 on an encoder: every projection quantized, those that read a LayerNorm (q/k/v joined, the
-    intermediate) at int8, tags 100%, the weights in model.onnx.data; the real MiniLM's sentence embeddings stay
+    """Default int4 on an encoder: every projection quantized (the pooler's Gemm too, as a MatMul), those that read
+    a LayerNorm (q/k/v joined, the intermediate) at int8, tags 100%, the weights in model.onnx.data; the real MiniLM's sentence embeddings stay
     within cosine 0.98 of fp32 (README: 0.991 mean on 872 SST-2 sentences)."""
     path, result = minilm_int4
     assert result.coverage["coverage_pct"] == 100.0 and result.retag["coverage_pct"] == 100.0
     model = onnx.load(path, load_external_data=False)
     nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
     bits = sorted(next(a.i for a in n.attribute if a.name == "bits") for n in nbits)
-    assert len(nbits) == 6 * 4 and bits.count(8) == 6 * 2 and bits.count(4) == 6 * 2
+    assert len(nbits) == 6 * 4 + 1 and bits.count(8) == 6 * 2 and bits.count(4) == 6 * 2 + 1
+    pooler = [n for n in nbits if {p.key: p.value for p in n.metadata_props}[TAG_KEY].endswith("/BertPooler")]
+    assert len(pooler) == 1
     assert all(next(a.i for a in n.attribute if a.name == "accuracy_level") == 4 for n in nbits)
     assert (path.parent / "model.onnx.data").is_file() and path.stat().st_size < 2_000_000
     record = json.loads({p.key: p.value for p in model.metadata_props}["modelexport.quantization"])
@@ -200,6 +202,33 @@ def test_cli_quantize_weights_writes_a_package_and_refuses_to_replace_it(
                  "--per-channel"]) == 1  # fmt: skip
     assert "--per-channel: int8 quantization options" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_cli_mixed_precision_none_keeps_every_weight_int4(
+    minilm_export: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--mixed-precision none`` overrides ``auto`` (which keeps an encoder's LayerNorm readers at int8)."""
+    out = tmp_path / "none"
+    args = [
+        "quantize",
+        str(minilm_export.onnx_path),
+        "-o",
+        f"{out}/",
+        "--weights",
+        "int4",
+        "--format",
+        "json",
+    ]
+    assert main([*args, "--mixed-precision", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["settings"]["mixed_precision"] == "none"
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    bits = {
+        next(a.i for a in n.attribute if a.name == "bits")
+        for n in model.graph.node
+        if n.op_type == "MatMulNBits"
+    }
+    assert bits == {4}
+    assert main([*args[:3], f"{tmp_path}/y/", "--weights", "int4", "--mixed-precision", "some"]) == 2
 
 
 @pytest.mark.parametrize("attrs", [{}, {"transB": 1}, {"transB": 1, "beta": 0.5}])

@@ -15,6 +15,7 @@ from ..optimize.config import (
     BLOCK_SIZES,
     CALIBRATE_METHODS,
     FUSION_ENGINES,
+    MIXED_PRECISION,
     OPTIMIZE_PRESETS,
     QUANT_MODES,
     WEIGHT_ALGORITHMS,
@@ -196,6 +197,15 @@ _OUTPUT = click.option(
     "--quantize-embeddings",
     is_flag=True,
     help="Weight-only int4: token embedding tables too (GatherBlockQuantized; rtn only).",
+)
+@click.option(
+    "--mixed-precision",
+    type=click.Choice(list(MIXED_PRECISION)),
+    default=None,
+    show_default="auto",
+    help="Weight-only int4: which weights stay int8: "
+    + "; ".join(f"{name}: {what}" for name, what in MIXED_PRECISION.items())
+    + ".",
 )
 @click.option(
     "--no-fuse-projections",
