@@ -623,6 +623,8 @@ def _cpu_llm(args: argparse.Namespace) -> int:
         "ratios": ratios,
         "targets": targets,
         "tokens": same,
+        # a shared machine's load decides how far the ratios can be trusted (2-thread runs most of all)
+        "load_average_1_5_15_min": [round(x, 2) for x in os.getloadavg()],
     }
     path = write_results("generation_cpu_llm", payload)
     _print_cpu_llm(table, threads, ratios, targets, same)
