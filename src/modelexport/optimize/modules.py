@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..hierarchy.tags import TAG_KEY
+from ..hierarchy.tags import node_tag
 from ..onnxfile import load_structure
 
 __all__ = [
@@ -30,7 +30,7 @@ GEMM_PARTS = ("_MatMul", "_Add", "_Transpose")
 
 def tagged_names(model: Any) -> list[tuple[str, str]]:
     """(tag or "", node name) of every node of the main graph."""
-    return [({p.key: p.value for p in n.metadata_props}.get(TAG_KEY) or "", n.name) for n in model.graph.node]
+    return [(node_tag(n) or "", n.name) for n in model.graph.node]
 
 
 def module_hits(tags: list[tuple[str, str]], pattern: str) -> list[str]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..hierarchy.passes import PassResult
-from ..hierarchy.tags import TAG_KEY, common_ancestor, set_node_tag
+from ..hierarchy.tags import common_ancestor, node_tag, set_node_tag
 
 if TYPE_CHECKING:
     import onnx
@@ -28,7 +28,7 @@ _INHERITED = "inherited"
 
 
 def _tag(node: Any) -> str | None:
-    return {p.key: p.value for p in node.metadata_props}.get(TAG_KEY)
+    return node_tag(node)
 
 
 def sibling_groups(model: onnx.ModelProto, names: Iterable[str]) -> list[list[int]]:

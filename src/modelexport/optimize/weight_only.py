@@ -37,7 +37,7 @@ import numpy as np
 from ..data import load_dataset
 from ..errors import ConfigError, DatasetError, ModelExportError, OptimizationError
 from ..hierarchy.passes import PassResult, run_passes
-from ..hierarchy.tags import TAG_KEY
+from ..hierarchy.tags import node_tag
 from ..inference.feeds import SampleSet
 from ..inference.pipelines.base import PIPELINES
 from ..inference.pipelines.generation import position_ids
@@ -187,7 +187,7 @@ def _embedding_gathers(model: onnx.ModelProto) -> list[str]:
 def _is_norm(node: Any) -> bool:
     if node.op_type in _NORM_OPS:
         return True
-    tag = {p.key: p.value for p in node.metadata_props}.get(TAG_KEY) or ""
+    tag = node_tag(node) or ""
     last = tag.rsplit("/", 1)[-1].split(".", 1)[0]
     return last.endswith(_NORM_CLASSES)
 
