@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from ..batch.evaluate import evaluate_batch
+from ..errors import ConfigError
 from ..inference.evaluate import evaluate
 from ..testtime.policy import STATISTICS, TestTimePolicy
 from .display import echo, progress
@@ -25,6 +26,8 @@ def _table(result: Any) -> str:
             f"{name:18} {r.accuracy:9.4f} {r.latency_ms_p50:9.2f} {r.latency_ms_p95:9.2f} {r.throughput_per_s:9.1f} {r.n_views:6d}"
         )
     p = result.policy
+    if result.ensemble:
+        lines.append(f"ensemble: {result.model} + {', '.join(result.ensemble)} (probabilities averaged)")
     lines.append(
         f"model {result.model}: n={result.n}, batch size {result.batch_size}, provider {result.provider}; "
         f"tta={','.join(p['tta_transforms']) or '-'} ({p['tta_aggregate']}), ttt={p['ttt']}, mc_dropout={p['mc_dropout']}"
@@ -176,6 +179,14 @@ def _table(result: Any) -> str:
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed for random TTA transforms and MC dropout."
 )
+@click.option(
+    "--ensemble",
+    "ensemble",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Another model (repeatable; e.g. MODEL's int8 twin model_dynamic.onnx) whose probabilities are "
+    "averaged with MODEL's, each under the same policy.",
+)
 @click.option("--baseline", is_flag=True, help="Also measure the plain model.")
 @ray_engine_options(
     "local: this process; ray: Ray actors, the policy applied inside each (needs "
@@ -214,6 +225,7 @@ def evaluate_cmd(
     mc_dropout: int,
     batch_size: int,
     seed: int,
+    ensemble: tuple[str, ...],
     baseline: bool,
     engine: str,
     num_workers: int,
@@ -258,8 +270,11 @@ def evaluate_cmd(
                 baseline=baseline,
                 order=order,
                 providers=ep,
+                ensemble=ensemble,
             )
     else:
+        if ensemble:
+            raise ConfigError("--ensemble runs with --engine local", hint="drop --engine ray or --ensemble")
         with progress(f"evaluate {model} on {data} (Ray)", spinner=False):
             result = evaluate_batch(
                 model,

@@ -18,7 +18,11 @@ from ..errors import ConfigError
 from ..inference import pipeline
 from ..inference.pipelines.seq2seq import SPEECH_DECODER_TASKS, SpeechRecognitionPipeline
 from ..inference.pipelines.vlm import check_images, is_vision_text_package, pair_inputs
+from ..metadata import read_metadata
+from ..metadata.schema import KEY_TEST_TIME_POLICY
 from ..metadata.tasks import normalize_task
+from ..onnxfile import resolve_model_path
+from ..testtime.policy import TestTimePolicy
 from .display import WrappedStream, echo, progress
 from .options import overwrite_option, ray_engine_options
 
@@ -323,6 +327,13 @@ def _check_generation_options(
     default=None,
     help="Labels per input for classification tasks; for text generation, sample from the k best tokens.",
 )
+@click.option(
+    "--mc-dropout",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Classifiers: MC-dropout passes per input, added to the embedded test-time policy (0: off; needs an "
+    "export with --keep-dropout).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print predictions and timing as JSON.")
 @_batch_options
 @_generation_options
@@ -337,6 +348,7 @@ def infer_cmd(
     providers: str | None,
     batch_size: int | None,
     top_k: int | None,
+    mc_dropout: int | None,
     as_json: bool,
     **options: Any,
 ) -> int:
@@ -349,7 +361,10 @@ def infer_cmd(
     batch = options
     _batch_only(batch, bool(texts or images or audio or question))
     task, prompt = _speech_options(task, language)
+    policy = _test_time_policy(model, mc_dropout)
     if batch["data"] is not None:
+        if mc_dropout is not None:
+            raise ConfigError("--mc-dropout applies to --text/--image inputs, not --data")
         if prompt:
             raise ConfigError(
                 "--language and --task transcribe|translate apply to --audio inputs, not --data"
@@ -366,7 +381,7 @@ def infer_cmd(
     kwargs.update({k: v for k, v in generation.items() if v is not None})
     start = time.perf_counter()
     with progress(f"infer {model}: loading"):
-        pipe = pipeline(task, model, providers=providers, batch_size=batch_size)
+        pipe = pipeline(task, model, providers=providers, batch_size=batch_size, test_time_policy=policy)
     load_ms = (time.perf_counter() - start) * 1000
     _check_modality(pipe, kind, question)
     _check_speech_options(pipe, prompt)
@@ -410,6 +425,15 @@ def infer_cmd(
     )
     echo("\n".join(lines), more="--json", wrap=False)
     return 0
+
+
+def _test_time_policy(model: str, mc_dropout: int | None) -> TestTimePolicy | None:
+    """The embedded test-time policy with ``--mc-dropout`` passes (None: the embedded one as it is)."""
+    if mc_dropout is None:
+        return None
+    stored = read_metadata(resolve_model_path(model)).get(KEY_TEST_TIME_POLICY)
+    base = TestTimePolicy.from_dict(dict(stored)) if stored else TestTimePolicy()
+    return base.with_changes(mc_dropout=mc_dropout)
 
 
 def _item(item: Any) -> str:

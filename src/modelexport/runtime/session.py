@@ -27,6 +27,8 @@ __all__ = [
     "create_session",
     "resolve_providers",
     "check_providers",
+    "warn_unavailable",
+    "mark_warned",
 ]
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,29 @@ def check_providers(requested: list[str] | str | None) -> tuple[str, ...]:
     """The canonical names of ``requested`` (``"cuda,cpu"``); an unknown name is a ConfigError naming the
     closest valid one. Nothing is loaded: commands check ``--ep`` with this before any work."""
     return tuple(_canonical(p) for p in split_names(requested))
+
+
+_WARNED: set[tuple[str, ...]] = set()
+
+
+def warn_unavailable(skipped: list[str], order: list[str]) -> None:
+    """One warning per process for requested providers this machine lacks (a run that builds many sessions,
+    such as a policy search, says it once): what is missing and what runs instead."""
+    key = tuple(skipped)
+    if not skipped or key in _WARNED:
+        return
+    _WARNED.add(key)
+    log.warning(
+        "execution providers not available here: %s; falling back to %s (available: %s)",
+        ", ".join(skipped),
+        ", ".join(order),
+        ", ".join(available_providers()),
+    )
+
+
+def mark_warned(skipped: list[str]) -> None:
+    """The caller told the user about these missing providers itself: sessions do not warn again."""
+    _WARNED.add(tuple(skipped))
 
 
 def resolve_providers(
@@ -235,12 +260,7 @@ def create_session(
         load_onnx(path, weights=False)  # typed errors and external-data locations before ORT reads anything
         model = str(path)
     order, skipped = resolve_providers(list(cfg.providers))
-    if skipped:
-        log.warning(
-            "execution providers not available here: %s; available: %s",
-            ", ".join(skipped),
-            ", ".join(available_providers()),
-        )
+    warn_unavailable(skipped, order)
     so = _session_options(cfg)
     errors: dict[str, str] = {}
     for i, provider in enumerate(order):
