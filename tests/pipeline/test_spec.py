@@ -144,7 +144,7 @@ def test_booleans_as_flags_and_both_spellings(args: list[str], expected: tuple[A
 def test_optimize_policy_flag_and_dash_spelling() -> None:
     assert parse(["--optimize-policy", "false"]).optimize_policy is False
     assert parse(["--optimize_policy"]).optimize_policy is True
-    assert parse(["--mc-dropout", "4", "--ttt-iterations", "3"]).ttt_iterations == 3
+    assert parse(["--mc-dropout", "4", "--ttt-iterations", "3", "--quantize", "none"]).mc_dropout == 4
 
 
 # -- 5. --help true to the code ---------------------------------------------------------------------------

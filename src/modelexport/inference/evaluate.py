@@ -23,12 +23,15 @@ from ..errors import DatasetError, TestTimeError
 from ..onnxfile import resolve_model_path
 from ..testtime.engine import TestTimeEngine
 from ..testtime.ensemble import merge_probabilities
+from ..testtime.iterative import LOOPS, Iteration
 from ..testtime.policy import TestTimePolicy
 from ..testtime.streams import Stream, StreamOrder, stream_order
 from .feeds import dataset_samples
 from .processors import BaseONNXProcessor, ONNXAutoProcessor
 
 __all__ = [
+    "Iteration",
+    "LOOPS",
     "EvaluationResult",
     "evaluate",
     "BatchMeasure",
@@ -132,10 +135,13 @@ class BatchMeter:
         processor: Any,
         num_classes: int | None,
         members: Sequence[TestTimeEngine] = (),
+        iteration: Iteration | None = None,
     ) -> None:
-        """``members``: an ensemble's other models (each with its own stream), averaged with ``engine``."""
+        """``members``: an ensemble's other models (each with its own stream), averaged with ``engine``;
+        ``iteration``: iterative inference of every batch."""
         self.engine, self.processor, self.num_classes = engine, processor, num_classes
         self.members = list(members)
+        self.iteration = iteration
         self.stream: Stream | None = None
         self.member_streams: list[Stream] = []
 
@@ -144,7 +150,9 @@ class BatchMeter:
         if isinstance(item, list):  # texts: TTA augments the strings, then tokenizes
             if engine.policy.tta_transforms:
                 return engine.predict_texts(item, self.processor)
-            return engine.run(_select(self.processor(texts=item), engine), stream)
+            item = self.processor(texts=item)
+        if self.iteration is not None:
+            return self.iteration.run(engine, _select(item, engine), stream)
         return engine.run(_select(item, engine), stream)
 
     def _all(self, item: Any) -> Any:
@@ -245,14 +253,21 @@ def evaluate(
     order: str | StreamOrder = "as-is",
     stream: bool = False,
     ensemble: Sequence[str | os.PathLike[str]] = (),
+    iteration: Iteration | None = None,
 ) -> EvaluationResult:
     """Accuracy, latency p50/p95 per batch and throughput of ``policy`` on ``data`` (a path, spec or Dataset).
 
     ``order``: the stream order of the examples (seeded by the policy's seed); ``stream``: adapt continually
     across the batches (the policy's ``episodic`` is set False) instead of resetting per batch;
     ``ensemble``: other models (e.g. the int8 twin) whose probabilities are averaged with the model's, each
-    with the same policy (the baseline is the model alone, plain).
+    with the same policy (the baseline is the model alone, plain); ``iteration``: iterative inference (the
+    external loop or the ONNX ``Loop``; plain policy).
     """
+    if iteration is not None and not (policy or TestTimePolicy()).is_plain:
+        raise TestTimeError(
+            "iterative inference runs the model as it is: give it with no TTA, adaptation or MC dropout",
+            hint="drop --tta-transforms/--ttt/--mc-dropout, or --iterate",
+        )
     if batch_size < 1:
         raise TestTimeError(f"batch_size must be >= 1, got {batch_size}")
     policy = policy or TestTimePolicy()
@@ -267,10 +282,13 @@ def evaluate(
     stages = StageLog(logger=log)
     for pol, tm in runs:
         with stages.stage("load", "baseline" if pol.is_plain else "policy"):
-            engine = TestTimeEngine(path, pol, providers, torch_model=tm)
-            members = [TestTimeEngine(m, pol, providers) for m in others] if pol is policy else []
+            main = pol is policy
+            model_in = iteration.model(path) if iteration is not None and main else path
+            engine = TestTimeEngine(model_in, pol, providers, torch_model=tm)
+            members = [TestTimeEngine(m, pol, providers) for m in others] if main else []
             sources = ONNXAutoProcessor.sources(path)
-            meter = BatchMeter(engine, eval_processor(dataset.kind, sources), dataset.num_classes, members)
+            processor = eval_processor(dataset.kind, sources)
+            meter = BatchMeter(engine, processor, dataset.num_classes, members, iteration if main else None)
         with stages.stage("run", f"{len(dataset)} examples, batch {batch_size}") as st:
             measured = summarize([meter.measure(*b) for b in prepare_batches(dataset, sources, batch_size)])
             st["detail"] = f"accuracy {measured.get('accuracy')}"
@@ -283,9 +301,21 @@ def evaluate(
                 provider=engine.session_info.provider,
                 model=str(path),
                 ensemble=[str(m) for m in others] if pol is policy else [],
+                extra=_iteration_extra(iteration) if pol is policy else {},
                 **measured,
             )
         )
     if baseline:
         return replace(results[0], baseline=results[1])
     return results[0]
+
+
+def _iteration_extra(iteration: Iteration | None) -> dict[str, Any]:
+    if iteration is None:
+        return {}
+    return {
+        "iterate": iteration.steps,
+        "feedback": dict(iteration.feedback),
+        "loop": iteration.loop,
+        "tol": iteration.tol,
+    }
