@@ -202,8 +202,7 @@ class PipelineRun:
             network,
             staging / self.cfg.model_file.name,
             keep_batchnorm=self.cfg.ttt is not False and NETWORKS[self.cfg.model_type].has_batchnorm,
-            keep_dropout=bool(self.cfg.mc_dropout)
-            or (self.cfg.mc_dropout is None and self.cfg.optimize_policy),
+            keep_dropout=self._mc_possible(),
         )
         worst = max((result.parity or {}).get("max_abs_diff", {}).values(), default=None)
         self.say(
@@ -217,6 +216,14 @@ class PipelineRun:
             "files": result.files,
         }
         return result
+
+    def _mc_possible(self) -> bool:
+        """Whether MC dropout may run: asked for, or left to the search with an fp32 deployment (quantization
+        removes Dropout). Only then is Dropout kept in the export, which skips its parity check."""
+        cfg = self.cfg
+        if cfg.mc_dropout is not None:
+            return cfg.mc_dropout > 0
+        return cfg.optimize_policy and cfg.quantize == "none"
 
     def _quantize(
         self, program: ClassifierProgram, fp32: Path, staging: Path, train: Dataset, val: Dataset
