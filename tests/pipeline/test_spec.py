@@ -325,3 +325,22 @@ def test_a_run_at_the_majority_class_rate_says_so(
     assert 0.6 <= training["majority_class_rate"] <= 0.8
     assert training["val_accuracy"] <= training["majority_class_rate"] and training["at_or_below_majority"]
     assert "Warning: validation accuracy" in re.sub(r"\s+", " ", out) and "majority-class rate" in out
+
+
+@pytest.mark.must
+def test_search_space_keeps_what_the_user_fixed() -> None:
+    """The candidates a space allows: fixed settings on (or off) as given, open ones free."""
+    from modelexport.testtime.policy import TestTimePolicy
+    from modelexport.train.policy_search import PolicySearchSpace
+
+    tent = PolicySearchSpace(ttt_method="tent", ttt_iterations=3, learning_rate=0.002).ttt_candidates()
+    assert [(p.ttt, p.ttt_iterations, p.learning_rate) for p in tent] == [("tent", 3, 0.002)]
+    batch = PolicySearchSpace(ttt_iterations=2).ttt_candidates()[0]
+    assert (batch.statistics, batch.ttt_iterations) == ("batch", 2)
+    assert PolicySearchSpace().ttt_candidates()[0].statistics == "memory"
+    fixed = PolicySearchSpace(tta=True, ttt=False, fixed=("tta", "ttt"))
+    tta = TestTimePolicy(tta_transforms=("identity", "hflip"))
+    assert fixed.allows(tta, ()) and not fixed.allows(TestTimePolicy(), ())
+    assert not fixed.allows(tta.with_changes(ttt="bn"), ())
+    assert fixed.allows(tta.with_changes(mc_dropout=4), ("twin.onnx",))  # open: either way
+    assert PolicySearchSpace().allows(TestTimePolicy(), ())  # nothing fixed: plain is a candidate
