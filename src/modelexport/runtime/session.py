@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._config import split_names, unknown_choice
-from ..errors import ConfigError, OnnxFileError, ProviderError
+from ..errors import ConfigError, OnnxFileError, ProviderError, first_line
 from ..onnxfile import load_onnx, resolve_model_path
 
 __all__ = [
@@ -283,7 +283,7 @@ def create_session(
                 log.warning(
                     "provider %s failed (%s); falling back to %s",
                     provider,
-                    errors[provider].splitlines()[0],
+                    first_line(errors[provider]),
                     order[i + 1],
                 )
             continue
@@ -291,7 +291,7 @@ def create_session(
         return sess, info
     if CPU in errors:  # the CPU provider is always there: it failing means the model, not a provider
         what = model if isinstance(model, str) else "the model"
-        reason = errors[CPU].splitlines()[0].replace("[ONNXRuntimeError] : ", "")
+        reason = first_line(errors[CPU]).replace("[ONNXRuntimeError] : ", "")
         raise OnnxFileError(
             f"ONNX Runtime cannot load {what}: {reason[:400]}",
             hint="check it with `modelexport validate MODEL`; re-export it if it was edited or truncated",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -29,14 +29,26 @@ from .tent import tent_adapt, tent_step
 
 if TYPE_CHECKING:
     from .adapt import BNAdapter, BNState
-    from .policy import TestTimePolicy
 
-__all__ = ["ADAPTATION_METHODS", "AdaptationMethod", "statistics"]
+__all__ = ["ADAPTATION_METHODS", "AdaptationMethod", "AdaptationSettings", "statistics"]
 
-AdaptFn = Callable[["BNAdapter", dict[str, np.ndarray], "TestTimePolicy", Any, Stream], "BNState"]
+
+class AdaptationSettings(Protocol):
+    """What a method reads of the test-time policy. ``TestTimePolicy`` has these fields; the policy module
+    imports this registry (to check ``--ttt`` names), so the registry names the fields, not the policy."""
+
+    ttt_iterations: int | None
+    momentum: float
+    bn_prior: float
+    learning_rate: float
+    episodic: bool
+    reliable_entropy: float
+
+
+AdaptFn = Callable[["BNAdapter", dict[str, np.ndarray], AdaptationSettings, Any, Stream], "BNState"]
 #: (adapter, feeds, policy, statistics to normalise with + the current affine parameters, stream) -> the
 #: updated BN scale and bias.
-StepFn = Callable[["BNAdapter", dict[str, np.ndarray], "TestTimePolicy", "BNState", Stream], "BNState"]
+StepFn = Callable[["BNAdapter", dict[str, np.ndarray], AdaptationSettings, "BNState", Stream], "BNState"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,7 @@ ADAPTATION_METHODS.add("none", AdaptationMethod("no adaptation: the exported mod
 def statistics(
     adapter: BNAdapter,
     feeds: dict[str, np.ndarray],
-    policy: TestTimePolicy,
+    policy: AdaptationSettings,
     stream: Stream,
     prior: BNState | None = None,
     iterations: int | None = None,
@@ -80,15 +92,17 @@ def statistics(
     return adapter.adapt(feeds, prior, 1.0, iterations, strength)
 
 
-def _bn(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+def _bn(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream) -> Any:
     return statistics(adapter, feeds, policy, stream, iterations=policy.ttt_iterations)
 
 
-def _tent(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+def _tent(
+    adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream
+) -> Any:
     return tent_adapt(adapter, feeds, stream.state, policy.learning_rate, policy.ttt_iterations, torch_model)
 
 
-def _sar(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+def _sar(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream) -> Any:
     """Robust statistics, a reliable SAM step on the affine parameters, statistics again under them."""
     tuned = sar_adapt(
         adapter,
@@ -107,13 +121,13 @@ def _affine(adapter: BNAdapter, state: BNState) -> BNState:
     return {n: state[n] for layer in adapter.layers for n in (layer.scale, layer.bias)}
 
 
-def _tent_step(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, stats: Any, stream: Stream) -> Any:
+def _tent_step(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, stats: Any, stream: Stream) -> Any:
     return _affine(
         adapter, tent_step(adapter, feeds, stats, policy.learning_rate, policy.ttt_iterations or 1)
     )
 
 
-def _sar_step(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, stats: Any, stream: Stream) -> Any:
+def _sar_step(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, stats: Any, stream: Stream) -> Any:
     tuned = sar_adapt(
         adapter,
         feeds,
