@@ -7,8 +7,10 @@ attempt is recorded so callers can report what ran where.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +30,7 @@ __all__ = [
     "resolve_providers",
     "check_providers",
     "warn_unavailable",
-    "mark_warned",
+    "fallback_said_once",
 ]
 
 log = logging.getLogger(__name__)
@@ -107,27 +109,36 @@ def check_providers(requested: list[str] | str | None) -> tuple[str, ...]:
     return tuple(_canonical(p) for p in split_names(requested))
 
 
-_WARNED: set[tuple[str, ...]] = set()
+#: Inside :func:`fallback_said_once`: the missing-provider sets already said (None: every session says it).
+_WARNED: set[tuple[str, ...]] | None = None
+
+
+@contextlib.contextmanager
+def fallback_said_once(said: list[str] | None = None) -> Iterator[None]:
+    """Within the block, a run that builds many sessions (a pipeline and its policy search) says each set of
+    missing providers once; ``said``: a set the caller has already told the user about itself."""
+    global _WARNED
+    previous, _WARNED = _WARNED, {tuple(said)} if said else set()
+    try:
+        yield
+    finally:
+        _WARNED = previous
 
 
 def warn_unavailable(skipped: list[str], order: list[str]) -> None:
-    """One warning per process for requested providers this machine lacks (a run that builds many sessions,
-    such as a policy search, says it once): what is missing and what runs instead."""
+    """The warning for requested providers this machine lacks: what is missing and what runs instead (once
+    per set inside :func:`fallback_said_once`)."""
     key = tuple(skipped)
-    if not skipped or key in _WARNED:
+    if not skipped or (_WARNED is not None and key in _WARNED):
         return
-    _WARNED.add(key)
+    if _WARNED is not None:
+        _WARNED.add(key)
     log.warning(
         "execution providers not available here: %s; falling back to %s (available: %s)",
         ", ".join(skipped),
         ", ".join(order),
         ", ".join(available_providers()),
     )
-
-
-def mark_warned(skipped: list[str]) -> None:
-    """The caller told the user about these missing providers itself: sessions do not warn again."""
-    _WARNED.add(tuple(skipped))
 
 
 def resolve_providers(

@@ -24,7 +24,7 @@ from ..metadata import write_metadata
 from ..metadata.schema import KEY_TEST_TIME_POLICY
 from ..onnxfile import record_deployed_model, staged_output
 from ..optimize.quantization import quantize
-from ..runtime.session import available_providers, mark_warned, resolve_providers
+from ..runtime.session import available_providers, fallback_said_once, resolve_providers
 from ..testtime.policy import TestTimePolicy
 from ..train.networks import NETWORKS, Network, build_network
 from ..train.policy_search import (
@@ -72,6 +72,12 @@ class PipelineRun:
     # ---------------------------------------------------------------------------------------------- run
 
     def run(self, dataset: Dataset | None = None) -> PipelineResult:
+        """Every stage; a requested provider this machine lacks is said once, before the first stage."""
+        skipped = resolve_providers(list(self.cfg.ep))[1]
+        with fallback_said_once(skipped):
+            return self._run(dataset)
+
+    def _run(self, dataset: Dataset | None) -> PipelineResult:
         started = time.perf_counter()
         cfg = self.cfg
         plan, report_plan = output_plans(cfg)  # refused here, before any work, when it would replace a file
@@ -124,7 +130,6 @@ class PipelineRun:
                 f"[bold yellow]Note[/]: {', '.join(skipped)} not available on this machine: falling back to "
                 f"{', '.join(order)}"
             )
-            mark_warned(skipped)
 
     def _summary_rows(self, full: Dataset, train: Dataset, val: Dataset) -> dict[str, Any]:
         cfg = self.cfg
