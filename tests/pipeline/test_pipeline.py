@@ -72,7 +72,9 @@ def test_report_values_are_measured(run: Any) -> None:
     assert r["config"]["model_type"] == "image_classifier"
     assert r["config"]["tta"] is None and r["config"]["ttt"] is None  # left open: the search decided
     assert all(
-        e["source"].startswith("chosen by search: ") for n, e in t["settings"].items() if n != "learning_rate"
+        e["source"].startswith("chosen by search: ")
+        for n, e in t["settings"].items()
+        if n not in ("learning_rate", "iterative")
     )
     assert any(
         c["ensemble"] for c in run.details["policy_search"]["trials"]

@@ -117,6 +117,11 @@ def policy_settings(
         else:
             source = DEFAULT_NO_SEARCH
         out[name] = {"value": value, "source": source}
+    out["iterative"] = {  # the search's one method that needs a model input fed back from an output
+        "value": None,
+        "source": "not a candidate: the trained network has no input that an output feeds back to "
+        "(modelexport evaluate/infer --iterate run models that have one)",
+    }
     return out
 
 
