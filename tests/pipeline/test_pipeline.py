@@ -74,11 +74,11 @@ def test_report_values_are_measured(run: Any) -> None:
     assert all(
         e["source"].startswith("chosen by search: ")
         for n, e in t["settings"].items()
-        if n not in ("learning_rate", "iterative")
+        if n not in ("learning_rate", "iterative", "ttt_iterations")
     )
-    assert any(
-        c["ensemble"] for c in run.details["policy_search"]["trials"]
-    )  # the fp32 + int8 ensemble was tried
+    assert t["settings"]["ttt_iterations"]["source"].startswith(("chosen by search: ", "default: "))
+    trials = run.details["policy_search"]["trials"]
+    assert any(c["ensemble"] for c in trials)  # the fp32 + int8 ensemble was tried
 
 
 @pytest.mark.must

@@ -111,6 +111,12 @@ def policy_settings(
             source = (
                 f"the run's --learning_rate ({cfg.model_type} default)" if value is not None else "not used"
             )
+        elif name == "ttt_iterations" and policy.ttt != "none":  # the method's own default
+            source = (
+                "default: one pass with the memory statistics"
+                if value is None
+                else f"default: {value} gradient step(s) per batch"
+            )
         elif searched:
             on = value not in (False, None, 0, "none")
             source = f"{CHOSEN_BY_SEARCH}: {why if on else _why_off(name, trials, best, notes or [])}"
@@ -161,7 +167,7 @@ def _why_off(name: str, trials: list[Any], best: Any, notes: list[str]) -> str:
     elif not top.within_budget:
         reason = "over the latency budget"
     else:
-        reason = f"not more accurate than the chosen {best.accuracy:.4f}"
+        reason = f"not more accurate than the chosen {best.accuracy:.4f} (ties go to the faster)"
     return f"off, its best candidate scored {top.accuracy:.4f}: {reason}"
 
 
