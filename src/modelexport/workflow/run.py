@@ -21,7 +21,7 @@ from ..data import Dataset
 from ..inference.feeds import SampleSet, dataset_samples
 from ..inference.processors import ONNXAutoProcessor
 from ..metadata import write_metadata
-from ..metadata.schema import KEY_TEST_TIME_POLICY
+from ..metadata.schema import KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
 from ..onnxfile import record_deployed_model, staged_output
 from ..optimize.quantization import quantize
 from ..runtime.session import available_providers, fallback_said_once, resolve_providers
@@ -300,6 +300,10 @@ class PipelineRun:
         program.deploy(deployed, cfg.ep, best.policy, ensemble=best.ensemble)
         for path in {deployed, fp32}:
             write_metadata(path, {POLICY_KEY: best.policy.to_dict()})
+        if best.ensemble:  # the deployed model serves with its twin wherever it runs (infer, pipeline())
+            write_metadata(
+                deployed, {KEY_TEST_TIME_ENSEMBLE: {"members": [Path(m).name for m in best.ensemble]}}
+            )
         self.details["policy_label"] = describe_policy(best.policy, best.ensemble)
         self.details["ensemble"] = best.ensemble
         trials = self.details["search_trials"] if searched else []

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError
-from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_POLICY
+from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
 from ...onnxfile import resolve_model_path
 from ...runtime.session import SessionConfig
 from ...testtime.engine import TestTimeEngine
@@ -89,7 +89,7 @@ class ONNXPipeline:
         self.test_time_stream = Stream()
         #: Other models whose probabilities are averaged with this one's, and iterative inference of each
         #: batch (``configure_test_time``; classifiers).
-        self.ensemble: list[Path] = []
+        self.ensemble: list[Path] = self._stored_ensemble(test_time_policy)
         self.iteration: Iteration | None = None
         self._members: list[tuple[TestTimeEngine, Stream]] | None = None
 
@@ -112,6 +112,22 @@ class ONNXPipeline:
         policy = raw if isinstance(raw, TestTimePolicy) else TestTimePolicy.from_dict(dict(raw))
         return None if policy.is_plain else policy
 
+    def _stored_ensemble(self, given: Any) -> list[Path]:
+        """The ensemble the metadata names (files beside the model), unless test-time compute is off."""
+        stored = self.metadata.get(KEY_TEST_TIME_ENSEMBLE)
+        if given is False or not stored or self.model_path is None:
+            return []
+        return [Path(self.model_path).parent / str(name) for name in stored.get("members", [])]
+
+    def member_engines(self) -> list[tuple[TestTimeEngine, Stream]]:
+        """The ensemble's other models, each an engine under this pipeline's policy with its own stream."""
+        if self._members is None:
+            self._members = [
+                (TestTimeEngine(m, self.policy, session_config=self.session_config), Stream())
+                for m in self.ensemble
+            ]
+        return self._members
+
     def configure_test_time(self, ensemble: Sequence[Any] = (), iteration: Iteration | None = None) -> None:
         """An ensemble (other models, e.g. the int8 twin, each under this pipeline's policy, their
         probabilities averaged with this model's) and iterative inference of each batch (a plain policy)."""
@@ -120,14 +136,7 @@ class ONNXPipeline:
                 "iterative inference runs the model as it is; this model embeds a test-time policy",
                 hint="drop --iterate, or pass a model without a policy",
             )
-        if (ensemble or iteration) and self.policy is not None and self.policy.tta_transforms:
-            if self.task == "text-classification":
-                raise ConfigError(
-                    "text TTA augments the strings, one model at a time: it does not combine with an ensemble "
-                    "or iterative inference",
-                    hint="pass test_time_policy=False (or a policy without tta_transforms)",
-                )
-        self.ensemble = [resolve_model_path(m) for m in ensemble]
+        self.ensemble = [resolve_model_path(m) for m in ensemble] or self.ensemble
         self.iteration = iteration
         self._engine, self._members = None, None
 
@@ -157,13 +166,7 @@ class ONNXPipeline:
         else:
             out = engine.run(feeds, self.test_time_stream)
         probs = [out if isinstance(out, np.ndarray) else out.probs]
-        if self.ensemble:
-            if self._members is None:
-                self._members = [
-                    (TestTimeEngine(m, self.policy, session_config=self.session_config), Stream())
-                    for m in self.ensemble
-                ]
-            probs += [m.predict(feeds, stream) for m, stream in self._members]
+        probs += [m.predict(feeds, stream) for m, stream in self.member_engines()]
         return merge_probabilities(probs) if len(probs) > 1 else probs[0]
 
     # -------------------------------------------------------------------------------------------- running
