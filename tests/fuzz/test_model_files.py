@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuzz.harness import COMMANDS, problems, run_inprocess, run_subprocess, snapshot
+from tests.fuzz.harness import COMMANDS, laundered, problems, run_inprocess, run_subprocess, snapshot
 from tests.fuzz.mutate import mutants
 
 #: Seconds one in-process command may take on a mutant of a 19 KB model (a busy 2-core machine included).
@@ -42,7 +42,7 @@ def _fuzz(source: Path, image: Path, root: Path, seed: int, count: int, per_muta
             model = _package(source, root / f"{len(failures)}-{rng.getrandbits(32)}", blob)
             before = snapshot(model.parent)
             outcome = run_inprocess(_argv(command, model, source, image), LIMIT_S)
-            found = problems(outcome, before, snapshot(model.parent))
+            found = problems(outcome, before, snapshot(model.parent)) + laundered(command, model, outcome)
             if found:
                 last = outcome.output.strip().splitlines()[-1:] if outcome.output.strip() else []
                 failures.append(f"{command} {name}: {found} {last}")
@@ -56,7 +56,7 @@ def warm(fuzz_source: Path, fuzz_image: Path) -> None:
     for command in ("infer", "quantize"):
         out = run_inprocess(_argv(command, fuzz_source / "model.onnx", fuzz_source, fuzz_image), 300)
         assert out.code == 0, out.output
-    for leftover in ("q.onnx", "q_hierarchy.json"):
+    for leftover in ("q.onnx", "q_hierarchy.json", "o.onnx", "o_hierarchy.json"):
         (fuzz_source / leftover).unlink(missing_ok=True)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import zipfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -184,10 +185,10 @@ def _digits() -> Dataset:
 def _read_npz(spec: str, options: ReadOptions) -> Dataset:
     path = _existing_file(spec)
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with path.open("rb") as fh, np.load(fh, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise DatasetError(f"{path}: cannot read as .npz: {exc}") from exc
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DatasetError(f"{path}: cannot read as .npz: {exc}", hint=_NPZ_HINT) from exc
     found = sorted(arrays)
     y = arrays.pop(NPZ_LABELS, None)
     label_names = arrays.pop(NPZ_LABEL_NAMES, None)
@@ -203,6 +204,7 @@ def _read_npz(spec: str, options: ReadOptions) -> Dataset:
         )
     if not arrays:
         raise DatasetError(f"{path}: no input arrays (found {found})", hint=_NPZ_HINT)
+    _check_npz_inputs(path, arrays)
     n = len(next(iter(arrays.values())))
     if n == 0:
         raise DatasetError(f"{path}: is empty (0 examples)")
@@ -218,6 +220,24 @@ def _read_npz(spec: str, options: ReadOptions) -> Dataset:
 _NPZ_HINT = (
     "np.savez(path, x=inputs, y=labels), or one array per graph input: np.savez(path, input_ids=..., y=...)"
 )
+
+
+def _check_npz_inputs(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Input arrays are numbers with an examples axis first, the same number of examples each."""
+    for name, array in arrays.items():
+        if array.dtype.kind not in "biuf":
+            raise DatasetError(
+                f"{path}: array {name!r} holds {array.dtype} values, not numbers", hint=_NPZ_HINT
+            )
+        if array.ndim == 0:
+            raise DatasetError(
+                f"{path}: array {name!r} is a scalar; it needs an examples axis first", hint=_NPZ_HINT
+            )
+    lengths = {k: len(v) for k, v in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise DatasetError(
+            f"{path}: the input arrays hold different numbers of examples {lengths}", hint=_NPZ_HINT
+        )
 
 
 def _npz_labels(

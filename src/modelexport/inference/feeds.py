@@ -87,7 +87,7 @@ def _tensor(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
             f"{batch.source}: 'x' feeds a single-input model; this one has inputs {names}",
             hint="save one array per input, named after it: np.savez(path, " + "=..., ".join(names) + "=...)",
         )
-    return model.inputs.cast({names[0]: batch.x})  # type: ignore[dict-item]
+    return _check_shapes(batch.source, model.inputs.cast({names[0]: batch.x}), model, {names[0]: "x"})  # type: ignore[dict-item]
 
 
 @register_feeder("feeds")
@@ -100,7 +100,30 @@ def _named(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
             f"{batch.source}: no array for model input(s) {missing}; the file has {sorted(arrays)}",
             hint="name the .npz arrays after the graph inputs (or use 'x' for a single-input model)",
         )
-    return model.inputs.cast(arrays)
+    return _check_shapes(batch.source, model.inputs.cast(arrays), model)
+
+
+def _check_shapes(
+    source: str, feeds: dict[str, np.ndarray], model: _Model, names: dict[str, str] | None = None
+) -> dict[str, np.ndarray]:
+    """Arrays read from a file against the graph's inputs: the rank and every fixed dimension after the batch
+    (ONNX Runtime's own refusal names neither the file nor the array)."""
+    for spec in model.inputs.inputs:
+        array = feeds.get(spec.name)
+        if array is None or not spec.shape:
+            continue
+        fits = array.ndim == len(spec.shape) and all(
+            want is None or got == want for got, want in zip(array.shape[1:], spec.shape[1:], strict=True)
+        )
+        if not fits:
+            wanted = ["N", *("?" if d is None else str(d) for d in spec.shape[1:])]
+            name = (names or {}).get(spec.name, spec.name)
+            raise DatasetError(
+                f"{source}: array {name!r} holds examples of shape {list(array.shape[1:])}; the model's input "
+                f"{spec.name!r} takes [{', '.join(wanted)}] (N examples{', ? any size' if '?' in wanted else ''})",
+                hint="save the arrays in the shape of the model's inputs (`modelexport metadata MODEL` lists them)",
+            )
+    return feeds
 
 
 def _batches(n: int, batch_size: int, fixed: int | None) -> list[list[int]]:
