@@ -23,7 +23,7 @@ from ..onnxfile import resolve_model_path
 from ..testtime.engine import TestTimeEngine
 from ..testtime.policy import TestTimePolicy
 from ..testtime.streams import Stream, StreamOrder, stream_order
-from .feeds import dataset_samples
+from .feeds import check_modality, dataset_samples
 from .processors import BaseONNXProcessor, ONNXAutoProcessor
 
 __all__ = [
@@ -76,10 +76,13 @@ class EvaluationResult:
         return out
 
 
-def eval_processor(kind: str, sources: Any) -> Any:
+def eval_processor(kind: str, sources: Any, source: str = "the data") -> Any:
     """What turns a batch into feeds at run time: the tokenizer for raw texts (so text TTA can augment the
-    strings first), a pass-through for feeds the dataset already built."""
-    return ONNXAutoProcessor.from_sources(sources) if kind == "text" else BaseONNXProcessor(sources.inputs)
+    strings first; a model that reads no texts is a DatasetError naming ``source``), a pass-through for feeds
+    the dataset already built."""
+    if kind == "text":
+        return check_modality(ONNXAutoProcessor.from_sources(sources), "texts", source)
+    return BaseONNXProcessor(sources.inputs)
 
 
 def prepare_batches(dataset: Dataset, sources: Any, batch_size: int) -> list[tuple[Any, np.ndarray]]:
@@ -234,7 +237,9 @@ def evaluate(
         with stages.stage("load", "baseline" if pol.is_plain else "policy"):
             engine = TestTimeEngine(path, pol, providers, torch_model=tm)
             sources = ONNXAutoProcessor.sources(path)
-            meter = BatchMeter(engine, eval_processor(dataset.kind, sources), dataset.num_classes)
+            meter = BatchMeter(
+                engine, eval_processor(dataset.kind, sources, dataset.source), dataset.num_classes
+            )
         with stages.stage("run", f"{len(dataset)} examples, batch {batch_size}") as st:
             measured = summarize([meter.measure(*b) for b in prepare_batches(dataset, sources, batch_size)])
             st["detail"] = f"accuracy {measured.get('accuracy')}"

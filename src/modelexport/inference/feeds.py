@@ -18,7 +18,7 @@ from ..data import Dataset
 from ..errors import ConfigError, DatasetError, MetadataError
 from .processors import BaseONNXProcessor, ONNXAutoProcessor, ProcessorSources
 
-__all__ = ["FEEDERS", "SampleSet", "dataset_feeds", "dataset_samples", "register_feeder"]
+__all__ = ["FEEDERS", "SampleSet", "check_modality", "dataset_feeds", "dataset_samples", "register_feeder"]
 
 
 @dataclass
@@ -71,12 +71,24 @@ def register_feeder(kind: str) -> Callable[[Feeder], Feeder]:
 
 @register_feeder("text")
 def _texts(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
-    return model.processor(texts=batch.texts)
+    return check_modality(model.processor, "texts", batch.source)(texts=batch.texts)
 
 
 @register_feeder("image")
 def _images(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
-    return model.processor(images=batch.images)
+    return check_modality(model.processor, "images", batch.source)(images=batch.images)
+
+
+def check_modality(processor: BaseONNXProcessor, modality: str, source: str) -> BaseONNXProcessor:
+    """``processor`` when it reads ``modality``; else a DatasetError naming the data ``source`` (texts for an image
+    model: the processor's own refusal names neither)."""
+    if processor.modality and modality not in processor.modality.split("+"):
+        raise DatasetError(
+            f"{source}: holds {modality}; this model's processor ({type(processor).__name__}) takes "
+            f"{processor.modality.replace('+', ' and ')}",
+            hint=f"pass data of the model's kind ({processor.modality.replace('+', ' and ')})",
+        )
+    return processor
 
 
 @register_feeder("tensor")

@@ -577,7 +577,7 @@ def quantize(
         uses_data = samples is not None or bool(cfg.calibration_data or eval_data or error_report)
         return _quantize_package(model_path, output_path, cfg, uses_data, overwrite)
     src = resolve_model_path(model_path)
-    check_sources([src], loads=True)
+    check_sources([src])
     inputs = (model_path, cfg.calibration_data, eval_data)
     plan = transform_plan(src, output_path, inputs=inputs, overwrite=overwrite)
     with staged_output(plan) as stage:
@@ -656,7 +656,7 @@ def _quantize_package(
             "feed a dataset to one graph",
             hint="quantize the package without them, or pass one graph file",
         )
-    check_sources(package_components(folder).values(), loads=True)
+    check_sources(package_components(folder).values())
     exclude = package_exclusions(package_components(folder), cfg.exclude_modules)
     return transform_package(
         folder,
