@@ -1,7 +1,8 @@
 """Run CLI commands on a (mutated) model in-process or as a subprocess and check the outcome contract.
 
 The contract (issue 12): exit code 0 or 1 (never 3 "looks like a bug", never a signal), no traceback,
-completion within a time bound, and no new files in the model's folder when the command failed.
+completion within a time bound, and no new files in the model's folder when the command failed. Issue 31 adds:
+a transform (quantize, optimize) that succeeds has verified the metadata it carried (:func:`laundered`).
 """
 
 from __future__ import annotations

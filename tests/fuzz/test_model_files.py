@@ -80,7 +80,8 @@ def test_mutated_models_fail_cleanly(warm: None, fuzz_source: Path, fuzz_image: 
 def test_mutated_models_fail_cleanly_many(
     warm: None, fuzz_source: Path, fuzz_image: Path, tmp_path: Path, seed: int
 ):
-    """Thousands of runs: 5 seeds x 400 mutants x every command."""
+    """The campaign issue 31 asks for (at least 10,000 seeded runs): 5 seeds x 400 mutants x every command
+    (9 commands: 18,000 runs, about 7 minutes on a busy 2-core machine)."""
     failures = _fuzz(fuzz_source, fuzz_image, tmp_path, seed=1000 + seed, count=400, per_mutant=len(COMMANDS))
     assert not failures, "\n".join(failures)
 

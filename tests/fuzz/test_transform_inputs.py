@@ -169,7 +169,7 @@ def _npz(**arrays: object) -> Callable[[Path], None]:
 DATA: dict[str, tuple[Callable[[Path], None], str]] = {
     "latin1.csv": (lambda p: p.write_bytes("text,label\ncaf\xe9,1\n".encode("latin-1")), "not UTF-8"),
     "rank2.npz": (_npz(x=np.zeros((3, 5), np.float32)), "holds examples of shape [5]"),
-    "small-images.npz": (_npz(x=np.zeros((3, 1, 5, 5), np.float32)), "takes [N, 1, 8, 8]"),
+    "small-images.npz": (_npz(x=np.zeros((3, 1, 5, 5), np.float32)), "takes examples of shape [1, 8, 8]"),
     "scalar.npz": (_npz(x=np.float32(3)), "is a scalar"),
     "strings.npz": (_npz(x=np.array(["a", "b"])), "not numbers"),
     "uneven.npz": (_npz(a=np.zeros((3, 2)), b=np.zeros((2, 2))), "different numbers of examples"),

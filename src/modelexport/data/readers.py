@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import zipfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -187,8 +186,12 @@ def _read_npz(spec: str, options: ReadOptions) -> Dataset:
     try:
         with path.open("rb") as fh, np.load(fh, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise DatasetError(f"{path}: cannot read as .npz: {exc}", hint=_NPZ_HINT) from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types on a damaged archive
+        raise DatasetError(
+            f"{path}: cannot read as .npz: {type(exc).__name__}: {exc}", hint=_NPZ_HINT
+        ) from exc
     found = sorted(arrays)
     y = arrays.pop(NPZ_LABELS, None)
     label_names = arrays.pop(NPZ_LABEL_NAMES, None)

@@ -118,8 +118,8 @@ def _named(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
 def _check_shapes(
     source: str, feeds: dict[str, np.ndarray], model: _Model, names: dict[str, str] | None = None
 ) -> dict[str, np.ndarray]:
-    """Arrays read from a file against the graph's inputs: the rank and every fixed dimension after the batch
-    (ONNX Runtime's own refusal names neither the file nor the array)."""
+    """Arrays read from a file against the graph's inputs: the rank and every fixed size after axis 0 (the
+    examples). ONNX Runtime's own refusal names neither the file nor the array."""
     for spec in model.inputs.inputs:
         array = feeds.get(spec.name)
         if array is None or not spec.shape:
@@ -128,12 +128,13 @@ def _check_shapes(
             want is None or got == want for got, want in zip(array.shape[1:], spec.shape[1:], strict=True)
         )
         if not fits:
-            wanted = ["N", *("?" if d is None else str(d) for d in spec.shape[1:])]
+            want = ", ".join("?" if d is None else str(d) for d in spec.shape[1:])
             name = (names or {}).get(spec.name, spec.name)
             raise DatasetError(
                 f"{source}: array {name!r} holds examples of shape {list(array.shape[1:])}; the model's input "
-                f"{spec.name!r} takes [{', '.join(wanted)}] (N examples{', ? any size' if '?' in wanted else ''})",
-                hint="save the arrays in the shape of the model's inputs (`modelexport metadata MODEL` lists them)",
+                f"{spec.name!r} takes examples of shape [{want}]" + (" (?: any size)" if "?" in want else ""),
+                hint="a .npz holds model-ready arrays, examples on axis 0 (`modelexport metadata MODEL` lists "
+                "the model's inputs)",
             )
     return feeds
 
