@@ -20,10 +20,15 @@ LIMIT_S = 30.0
 _PACKAGE_FILES = ("model_hierarchy.json", "preprocessor_config.json", "export_metadata.json")
 
 
-def _package(source: Path, folder: Path, model: bytes) -> Path:
+def _package(source: Path, folder: Path, model: bytes, linked: str | None = None) -> Path:
+    """A package folder holding ``model``; ``linked``: that package file is a symbolic link to a copy outside."""
     folder.mkdir(parents=True)
     for name in _PACKAGE_FILES:
         shutil.copy(source / name, folder / name)
+    if linked:
+        outside = folder / ".." / f"{folder.name}-outside-{linked}"
+        (folder / linked).rename(outside)
+        (folder / linked).symlink_to(outside.resolve())
     (folder / "model.onnx").write_bytes(model)
     return folder / "model.onnx"
 
@@ -35,18 +40,23 @@ def _argv(command: str, model: Path, source: Path, image: Path) -> list[str]:
 
 def _fuzz(source: Path, image: Path, root: Path, seed: int, count: int, per_mutant: int) -> list[str]:
     """Run ``count`` mutants, each through ``per_mutant`` commands drawn from COMMANDS; the failures."""
-    rng = random.Random(seed)
+    rng, links = random.Random(seed), random.Random(seed + 1)
     failures = []
     for name, blob in mutants((source / "model.onnx").read_bytes(), seed, count):
         for command in rng.sample(sorted(COMMANDS), per_mutant):
-            model = _package(source, root / f"{len(failures)}-{rng.getrandbits(32)}", blob)
+            linked = (
+                links.choice(_PACKAGE_FILES) if links.random() < 0.1 else None
+            )  # read from outside: refused
+            model = _package(source, root / f"{len(failures)}-{rng.getrandbits(32)}", blob, linked)
             before = snapshot(model.parent)
             outcome = run_inprocess(_argv(command, model, source, image), LIMIT_S)
             found = problems(outcome, before, snapshot(model.parent)) + laundered(command, model, outcome)
             if found:
                 last = outcome.output.strip().splitlines()[-1:] if outcome.output.strip() else []
-                failures.append(f"{command} {name}: {found} {last}")
+                failures.append(f"{command} {name}{f' ({linked} linked)' if linked else ''}: {found} {last}")
             shutil.rmtree(model.parent)
+            if linked:
+                (model.parent.parent / f"{model.parent.name}-outside-{linked}").unlink()
     return failures
 
 

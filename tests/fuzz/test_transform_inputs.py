@@ -161,6 +161,21 @@ def test_metadata_re_signed_by_its_owner_is_carried(fuzz_source: Path, tmp_path:
     assert read_metadata(tmp_path / "q")[schema.KEY_TASK] == "image-classification"
 
 
+@pytest.mark.regression
+@pytest.mark.parametrize("command", ["quantize", "optimize", "analyze", "validate"])
+def test_a_sidecar_linked_from_outside_is_refused(fuzz_source: Path, tmp_path: Path, command: str) -> None:
+    """A transform carried the linked file's content into its output's sidecar; inspect read it as the model's."""
+    folder = Path(shutil.copytree(fuzz_source, tmp_path / "m"))
+    outside = tmp_path / "elsewhere.json"
+    (folder / "model_hierarchy.json").rename(outside)
+    (folder / "model_hierarchy.json").symlink_to(outside)
+    argv = [command, str(folder)] + (
+        ["-o", str(tmp_path / "out") + "/"] if command in ("quantize", "optimize") else []
+    )
+    line = _error(argv, tmp_path)
+    assert "symbolic link" in line and str(outside) in line, line
+
+
 def _npz(**arrays: object) -> Callable[[Path], None]:
     return lambda path: np.savez(path, **arrays)  # type: ignore[arg-type]
 
@@ -189,3 +204,37 @@ def test_quantize_data_files_the_model_cannot_take(
     argv = ["quantize", str(fuzz_source), "-o", str(tmp_path / "q") + "/", option, str(data)]
     line = _error([*argv, *(["--mode", "static"] if option == "--calibration-data" else [])], tmp_path)
     assert str(data) in line and message in line, line
+
+
+#: Integer options of the commands that read a model, with the rest of their argv ({m}: the CNN package,
+#: {o}: a new output folder, {img}: a PNG). evaluate's and pipeline's are checked where those commands are.
+INT_OPTIONS: dict[str, list[str]] = {
+    "--depth": ["analyze", "{m}"],
+    "--batch-size": ["infer", "{m}", "--image", "{img}"],
+    "--top-k": ["infer", "{m}", "--image", "{img}"],
+    "--seed": ["infer", "{m}", "--image", "{img}"],
+    "--num-heads": ["optimize", "{m}", "-o", "{o}/", "-O2"],
+    "--hidden-size": ["optimize", "{m}", "-o", "{o}/", "-O2"],
+    "--runs": ["profile", "{m}", "--warmup", "0"],
+    "--warmup": ["profile", "{m}", "--runs", "1"],
+    "--calibration-samples": ["quantize", "{m}", "-o", "{o}/"],
+    "--eval-samples": ["quantize", "{m}", "-o", "{o}/"],
+}
+SIGNED = [-1, 0, 2**31, 2**63, 2**64, -(2**63)]
+
+
+@pytest.mark.regression
+@pytest.mark.parametrize("option", sorted(INT_OPTIONS))
+def test_signed_integer_options(fuzz_source: Path, fuzz_image: Path, tmp_path: Path, option: str) -> None:
+    """Each value is a result or a refusal (click's usage error, exit 2, or a one-line error), within seconds."""
+    for value in SIGNED:
+        values = {"m": str(fuzz_source), "o": str(tmp_path / f"out{value}"), "img": str(fuzz_image)}
+        argv = [a.format(**values) for a in INT_OPTIONS[option]] + [option, str(value)]
+        if "--eval-samples" in argv or "--calibration-samples" in argv:
+            data = tmp_path / "d.npz"
+            np.savez(data, x=np.zeros((2, 1, 8, 8), np.float32))
+            argv += ["--eval-data" if option == "--eval-samples" else "--calibration-data", str(data)]
+        before = snapshot(tmp_path)
+        outcome = run_inprocess(argv, 30)
+        found = [p for p in problems(outcome, before, snapshot(tmp_path)) if not p.startswith("exit code 2")]
+        assert not found and outcome.code in (0, 1, 2) and outcome.seconds < 20, (argv, outcome.output[-800:])

@@ -23,7 +23,6 @@ from ..hierarchy.passes import PassResult
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
 from ..metadata import read_metadata, update_metadata
-from ..metadata.package import safe_join
 from ..onnxfile import (
     DEFAULT_MODEL_FILE,
     GRAPH_FILE_SUFFIXES,
@@ -34,6 +33,7 @@ from ..onnxfile import (
     plan_output,
     read_manifest,
     read_sidecar,
+    safe_join,
     save_onnx,
     sidecar_path_for,
     write_derived_manifest,
