@@ -1,4 +1,7 @@
-"""``StageLog``: the one stage timer behind export's report and every long step's progress lines.
+"""``StageLog``: the stage timer behind export's report and the CLI's stage lines.
+
+Loops over items (training epochs, calibration batches, Ray blocks) show tqdm bars instead
+(:func:`modelexport._progress.progress_bar`).
 
 Each stage's start and end go to a logger at INFO (``--log-level info`` shows where a long command is and
 where its time went); an optional callback, and every listener registered with :func:`stage_listener` (the

@@ -15,6 +15,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .errors import first_line
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -159,9 +161,7 @@ def _without_missing_backends(folder: Path, error: ImportError) -> Any:
                 raise
             args.append(None)
             left_out.append(name)
-    log.info(
-        "%s built without %s (%s)", cls.__name__, ", ".join(left_out), str(error).strip().splitlines()[0]
-    )
+    log.info("%s built without %s (%s)", cls.__name__, ", ".join(left_out), first_line(error))
     with _accepting_none(cls, set(left_out)):
         return cls.from_args_and_dict(args, processor_dict, **kwargs)
 

@@ -35,6 +35,7 @@ __all__ = [
     "TestTimeError",
     "DatasetError",
     "TrainingError",
+    "first_line",
 ]
 
 
@@ -209,3 +210,11 @@ class TrainingError(ModelExportError, RuntimeError):
     """Training failed."""
 
     hint = "check the learning rate, batch size and dataset; run with --log_level DEBUG"
+
+
+def first_line(message: BaseException | str, limit: int = 300) -> str:
+    """The first line of a message (an exception's type name when it has none), at most ``limit`` characters:
+    what a one-line error quotes of a library's multi-line message."""
+    text = str(message).strip()
+    fallback = type(message).__name__ if isinstance(message, BaseException) else ""
+    return (text.splitlines()[0] if text else fallback)[:limit]

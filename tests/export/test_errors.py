@@ -196,7 +196,7 @@ def test_every_error_is_also_a_builtin() -> None:
 
     for name in errors.__all__:
         cls = getattr(errors, name)
-        if cls is ModelExportError:
+        if cls is ModelExportError or not isinstance(cls, type):  # first_line: the message helper
             continue
         builtin_bases = [
             b
@@ -205,3 +205,14 @@ def test_every_error_is_also_a_builtin() -> None:
         ]
         assert builtin_bases, f"{name} should also be a builtin exception type"
         assert cls.hint, f"{name} needs a hint"
+
+
+def test_first_line_never_fails_on_an_empty_message() -> None:
+    """The one helper that quotes a library's message: first line, or the type's name when there is none."""
+    from modelexport.errors import first_line
+
+    assert first_line(ValueError("one\ntwo")) == "one"
+    assert first_line(ValueError("")) == "ValueError"
+    assert first_line(RuntimeError("  \n")) == "RuntimeError"
+    assert first_line("") == ""
+    assert first_line(ValueError("x" * 500), 10) == "x" * 10

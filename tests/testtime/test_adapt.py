@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from modelexport.errors import TestTimeError
-from modelexport.testtime import BNAdapter, TestTimeEngine, TestTimePolicy
+from modelexport.testtime import POLICY_PRESETS, BNAdapter, TestTimeEngine, TestTimePolicy
 from modelexport.testtime.graph import initializer_arrays
 
 
@@ -129,16 +129,32 @@ def test_bn_adaptation_on_a_cnn_exported_without_batchnorm_hints_keep_batchnorm(
 
 
 @pytest.mark.must
-def test_concurrent_callers_are_isolated(digits_export: Any, digits: Any) -> None:
-    """Eight threads adapt one engine to different batches at once: each gets its sequential result."""
+@pytest.mark.parametrize("policy", ["bn", "tent", "sar", "bn-exact", "bn-stream"])
+def test_eight_threads_on_one_engine_equal_the_sequential_result(
+    digits_export: Any, digits: Any, policy: str
+) -> None:
+    """Issue 31: eight threads adapt one engine at once, each along its own stream (several batches of 24,
+    so tent and sar take gradient steps) and with single calls without a stream: every probability equals
+    the sequential run's exactly."""
     from concurrent.futures import ThreadPoolExecutor
 
     from modelexport.testtime.corruptions import corrupt
 
-    engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
-    batches = [corrupt(digits.x_test[i * 32 : (i + 1) * 32], "contrast", 1 + i % 5) for i in range(8)]
-    expected = [engine.predict({"x": b}) for b in batches]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        got = list(pool.map(lambda b: engine.predict({"x": b}), batches))
-    for e, g in zip(expected, got, strict=True):
-        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+    engine = TestTimeEngine(digits_export.onnx_path, POLICY_PRESETS[policy])
+    batches = [corrupt(digits.x_test[i * 24 : (i + 1) * 24], "contrast", 1 + i % 5) for i in range(16)]
+    clients = [batches[k::8] for k in range(8)]
+
+    def serve(client: list[np.ndarray]) -> list[np.ndarray]:
+        stream = engine.new_stream()
+        return [engine.predict({"x": b}, stream) for b in client]
+
+    alone = [serve(c) for c in clients]
+    single = [engine.predict({"x": b}) for b in batches]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        together = list(pool.map(serve, clients))
+        single_together = list(pool.map(lambda b: engine.predict({"x": b}), batches))
+    for a, t in zip(alone, together, strict=True):
+        for x, y in zip(a, t, strict=True):
+            np.testing.assert_array_equal(y, x)
+    for x, y in zip(single, single_together, strict=True):
+        np.testing.assert_array_equal(y, x)

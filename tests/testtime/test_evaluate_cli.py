@@ -121,14 +121,22 @@ def test_evaluate_table_and_mc_dropout(digits_export: Any, digits_npz: Path, cap
         (["--tta-transforms", "identity,mirror"], "image: identity, hflip"),
         (["--tta-aggregate", "avg"], "valid: mean"),
         (["--mc-dropout", "1"], "mc_dropout"),
+        (["--ttt", "tent", "--learning-rate", "nan"], "learning_rate must be a finite number > 0, got nan"),
+        (["--ttt", "sar", "--learning-rate", "inf"], "learning_rate must be a finite number > 0, got inf"),
+        (["--ttt", "bn", "--statistics", "batch", "--bn-prior", "nan"], "bn_prior must be a finite"),
+        (["--seed", "-1"], "seed must be an integer in [0, 4,294,967,295], got -1"),
+        (["--seed", str(2**64)], f"got {2**64}"),
+        (["--ttt", "bn", "--order", "dirichlet:inf"], "dirichlet alpha must be a finite number"),
     ],
 )
 def test_bad_options_give_one_line_and_exit_1(
     digits_export: Any, digits_npz: Path, capsys: Any, extra: list[str], message: str
 ) -> None:
+    """Refused before any work (issue 31: NaN learning rates and signed or 65-bit seeds were 'bugs')."""
     assert main(["evaluate", str(digits_export.onnx_path), "--data", str(digits_npz), *extra]) == 1
     err = capsys.readouterr().err
-    assert message in err and "Hint:" in err and "Traceback" not in err
+    assert message in err and "Hint:" in err and "Traceback" not in err and "looks like a bug" not in err
+    assert len([line for line in err.splitlines() if line.startswith("Error:")]) == 1
 
 
 @pytest.mark.must
@@ -183,4 +191,4 @@ def test_evaluate_order_and_stream_are_printed_and_applied(
     assert main([*base, "--momentum", "0.05"]) == 1  # momentum weighs batch statistics
     assert "--statistics batch" in capsys.readouterr().err
     assert main([*base, "--order", "dirichlet:-1"]) == 1
-    assert "alpha must be > 0" in capsys.readouterr().err
+    assert "alpha must be a finite number > 0" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from modelexport.testtime.corruptions import corrupt
 from modelexport.testtime.graph import SAMPLE_STATS, mix_weight, mixed_statistics
 from modelexport.testtime.memory import StatisticsMemory, balanced_keep
 from modelexport.testtime.streams import CollapseGuard
+from modelexport.testtime.tail import STEP_EXAMPLES
 from tests.testtime.robustness import run_stream
 
 
@@ -67,6 +68,20 @@ def test_memory_keeps_every_class_its_share_and_the_newest() -> None:
     np.testing.assert_array_equal(
         balanced_keep(np.array([0, 0, 0, 1]), np.array([1, 2, 3, 4]), 2), [2, 3]
     )  # class 1 keeps its one entry, class 0 its newest
+
+
+@pytest.mark.must
+def test_the_quota_of_a_few_classes_equals_the_vectorised_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    from modelexport.testtime import memory
+
+    rng = np.random.default_rng(0)
+    cases = [(rng.integers(0, 30, int(rng.integers(1, 40))), int(rng.integers(1, 100))) for _ in range(2000)]
+    cases = [(c, cap) for c, cap in cases if c.sum() > cap]
+    small = [memory._water_level(c, cap) for c, cap in cases]
+    monkeypatch.setattr(memory, "SMALL_CLASSES", -1)  # every case through the numpy path
+    for (counts, capacity), got in zip(cases, small, strict=True):
+        np.testing.assert_array_equal(got, memory._water_level(counts, capacity))
+        assert got.sum() == capacity and (got <= counts).all()
 
 
 @pytest.mark.must
@@ -156,13 +171,19 @@ def test_lazy_guard_runs_the_source_only_when_predictions_look_collapsed() -> No
         both.suspects(one, 10)
     assert both.judge(one, one, 10) is False  # the source is as narrow (a corruption): no reset
     assert not both.suspects(one, 10)  # and the next look is a window later
+    assert both.recent is not None and both.recent.backoff == 2  # then twice as far apart, up to 8x
 
 
 @pytest.mark.sanity
 def test_a_collapsing_stream_is_reset_and_served_by_the_source(digits_export: Any, digits: Any) -> None:
-    """Tent with a wild learning rate collapses a continual stream; the lazy guard resets it."""
-    x, y, path = digits.x_test, digits.y_test, digits_export.onnx_path
-    wild = TestTimePolicy(ttt="tent", learning_rate=1.0, ttt_iterations=3, collapse_window=64)
+    """Tent with a wild learning rate on every BN layer collapses a continual stream (the test set four
+    times: a step per STEP_EXAMPLES); the lazy guard resets it."""
+    x, y, path = (
+        np.concatenate([digits.x_test] * 4),
+        np.concatenate([digits.y_test] * 4),
+        digits_export.onnx_path,
+    )
+    wild = TestTimePolicy(ttt="tent", learning_rate=1.0, ttt_iterations=3, collapse_window=64, step_layers=0)
     unguarded, _ = run_stream(path, wild.with_changes(collapse_threshold=0.0), x, y, "shuffle", 32)
     guarded, stream = run_stream(path, wild, x, y, "shuffle", 32)
     assert stream.resets >= 1 and stream.fallbacks >= 1  # type: ignore[attr-defined]
@@ -175,16 +196,24 @@ def test_gradient_methods_step_only_on_batches_they_can_learn_from(
     digits_export: Any, digits: Any, method: str
 ) -> None:
     """One example's entropy is minimised by any confident class: below MIN_BATCH the gradient methods are
-    BN's statistics alone."""
+    BN's statistics alone. Batches of MIN_BATCH or more are gathered and stepped on once STEP_EXAMPLES are in;
+    the step serves the next batches."""
     x = corrupt(digits.x_test[:24], "contrast", 3)
     bn, tent = (TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt=t)) for t in ("bn", method))
     streams = [e.new_stream() for e in (bn, tent)]
     for i in range(len(x)):
         a, b = (e.predict({"x": x[i : i + 1]}, s) for e, s in zip((bn, tent), streams, strict=True))
         np.testing.assert_allclose(a, b, rtol=1e-6)
-    assert streams[1].state is None  # nothing learned
+    assert streams[1].state is None and streams[1].tail is None  # nothing learned, nothing gathered
+    seen = 0
+    while seen + len(x) < STEP_EXAMPLES:
+        a, b = (e.predict({"x": x}, s) for e, s in zip((bn, tent), streams, strict=True))
+        np.testing.assert_allclose(a, b, rtol=1e-6)  # gathered, not yet stepped on
+        seen += len(x)
+    assert streams[1].state is None and streams[1].tail.examples == seen  # type: ignore[union-attr]
     tent.predict({"x": x}, streams[1])
-    assert streams[1].state is not None  # a batch of 24 is stepped on
+    assert streams[1].state is not None and streams[1].tail.examples == 0  # type: ignore[union-attr]
+    assert not np.allclose(bn.predict({"x": x}, streams[0]), tent.predict({"x": x}, streams[1]))
 
 
 @pytest.mark.smoke

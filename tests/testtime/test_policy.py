@@ -22,6 +22,10 @@ from modelexport.testtime.policy import ADAPTATION_METHODS, POLICY_PRESETS, Test
         ({"momentum": 0.0}, "momentum"),
         ({"learning_rate": -1.0}, "learning_rate"),
         ({"mc_dropout": 1}, "mc_dropout"),
+        ({"learning_rate": float("nan")}, "learning_rate must be a finite number > 0, got nan"),
+        ({"statistics": "batch", "bn_prior": float("inf")}, "bn_prior must be a finite number"),
+        ({"seed": -1}, "seed must be an integer in"),
+        ({"seed": 2**64}, "seed must be an integer in"),
     ],
 )
 def test_invalid_policies_fail_with_the_valid_choices(kwargs: dict, message: str) -> None:

@@ -45,7 +45,7 @@ def test_stream_orders_are_seeded_permutations() -> None:
     ("spec", "message"),
     [
         ("sorted", "valid: as-is, shuffle"),
-        ("dirichlet:0", "alpha must be > 0"),
+        ("dirichlet:0", "alpha must be a finite number > 0"),
         ("shuffle:2", "no parameter"),
         ("dirichlet:x", "must be a number"),
     ],

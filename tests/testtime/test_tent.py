@@ -14,6 +14,7 @@ from modelexport.errors import TestTimeError
 from modelexport.testtime import BNAdapter, OnnxTorchModule, TestTimeEngine, TestTimePolicy, tent_adapt
 from modelexport.testtime.aggregate import entropy
 from modelexport.testtime.corruptions import corrupt
+from modelexport.testtime.tail import STEP_EXAMPLES
 
 
 class FlattenCNN(nn.Module):
@@ -151,8 +152,9 @@ def test_tent_parameters_are_written_into_a_copy_of_the_model(
     digits_export: Any, digits: Any, statistics: str
 ) -> None:
     """The adapted copy run plainly predicts what the engine predicts. Batch statistics change every BN
-    tensor; the memory statistics of a fresh stream change the affine parameters and the stem layer's
-    statistics (the batch mixed in), deeper layers keep the source's until the memory holds examples."""
+    tensor. The memory statistics predict, then update (tail.py): a fresh stream's first batch is served
+    with the source affine parameters and the stem layer's statistics (the batch mixed in); after a batch of
+    STEP_EXAMPLES examples the last layer's scale/bias are stepped and the memory's statistics reach every layer."""
     import onnxruntime as ort
 
     from modelexport.testtime.graph import initializer_arrays
@@ -160,20 +162,25 @@ def test_tent_parameters_are_written_into_a_copy_of_the_model(
     feeds = {"x": corrupt(digits.x_test[:128], "contrast", 4)}
     policy = TestTimePolicy(ttt="tent", statistics=statistics, ttt_iterations=3, learning_rate=1e-2)
     engine = TestTimeEngine(digits_export.onnx_path, policy)
-    adapted = engine.adapted_model(feeds)
-    source = onnx.load(digits_export.onnx_path)
-    before, after = initializer_arrays(source), initializer_arrays(adapted)
-    changed = {k for k in before if not np.array_equal(before[k], after[k])}
+    stream = engine.new_stream()
+    source = initializer_arrays(onnx.load(digits_export.onnx_path))
     layers = engine.adapter.layers  # type: ignore[union-attr]
+
+    def changed(stream: Any) -> set[str]:
+        adapted = engine.adapted_model(feeds, stream)
+        after = initializer_arrays(adapted)
+        plain = ort.InferenceSession(adapted.SerializeToString()).run(None, feeds)[0]
+        np.testing.assert_allclose(_softmax(plain), engine.predict(feeds, stream), rtol=1e-4, atol=1e-5)
+        return {k for k in source if not np.array_equal(source[k], after[k])}
+
     if statistics == "batch":
-        assert changed == {p for layer in layers for p in layer.params}
+        assert changed(stream) == {p for layer in layers for p in layer.params}
     else:
-        assert changed == {p for layer in layers for p in (layer.scale, layer.bias)} | {
-            layers[0].mean,
-            layers[0].var,
-        }
-    plain = ort.InferenceSession(adapted.SerializeToString()).run(None, feeds)[0]
-    np.testing.assert_allclose(_softmax(plain), engine.predict(feeds), rtol=1e-4, atol=1e-5)
+        assert changed(stream) == {layers[0].mean, layers[0].var}
+        for _ in range(STEP_EXAMPLES // len(feeds["x"]) - 1):
+            engine.predict(feeds, stream)
+        assert stream.state is not None and set(stream.state) == {layers[-1].scale, layers[-1].bias}
+        assert changed(stream) == {p for layer in layers for p in (layer.mean, layer.var)} | set(stream.state)
     with pytest.raises(TestTimeError, match="adapts nothing"):
         TestTimeEngine(digits_export.onnx_path).adapted_model(feeds)
 
@@ -181,3 +188,60 @@ def test_tent_parameters_are_written_into_a_copy_of_the_model(
 def _softmax(z: np.ndarray) -> np.ndarray:
     e = np.exp(z - z.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.must
+@pytest.mark.parametrize("layers", [1, 2, 0])
+@pytest.mark.parametrize("model", ["digits", "flatten"])
+def test_the_graph_tail_computes_what_onnx_runtime_computes(
+    digits_export: Any, flatten_export: Any, digits: Any, model: str, layers: int
+) -> None:
+    """Fed the tensors one ONNX Runtime pass fetched, the torch tail from the last ``layers`` BN layers
+    (0: all) computes that pass's output, under the statistics the pass normalised with (the stem layer's
+    mixed with the batch), and its gradient reaches exactly the trained layers' scale/bias."""
+    from modelexport.testtime.adapt import find_bn_layers
+    from modelexport.testtime.tail import Tail, tail_outputs
+
+    export = digits_export if model == "digits" else flatten_export
+    source = onnx.load(export.onnx_path)
+    output = source.graph.output[0].name
+    adapter = BNAdapter(source, outputs=tail_outputs(source, find_bn_layers(source), layers, output))
+    tail = Tail.build(adapter, output, layers)
+    assert len(tail.layers) == (len(adapter.layers) if layers == 0 else layers)
+    x = corrupt(digits.x_test[:32], "contrast", 3)
+    state = adapter.statistics_feeds(None, None, 0.5)  # the stem mixes half the batch's own statistics
+    want, _, fetched = adapter.run_with_statistics({"x": x}, state, output, tail.fetch)
+    full = {**adapter.source_state, **state}
+    inputs = tail.gather({"x": x}, fetched)
+    assert all(len(a) == len(x) for a in inputs)  # batched (shape arithmetic is recomputed): buffers stack
+    got = tail.train(
+        dict(zip(tail.inputs, inputs, strict=True)),
+        tail.statistics(full, fetched),
+        tail.parameters(full),
+        lambda forward, trained: _check_gradients(forward, trained, want),
+    )
+    assert set(got) == {name for layer in tail.layers for name in (layer.scale, layer.bias)}
+
+
+def _check_gradients(forward: Any, trained: dict[str, Any], want: np.ndarray) -> None:
+    out = forward()
+    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-4, atol=1e-4)
+    out.logsumexp(-1).sum().backward()
+    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in trained.values())
+
+
+@pytest.mark.must
+def test_the_written_out_adam_equals_torch_adam() -> None:
+    from modelexport.testtime.tent import Adam
+
+    torch.manual_seed(0)
+    target = torch.randn(5)
+    ours, theirs = torch.randn(5, requires_grad=True), None
+    theirs = ours.detach().clone().requires_grad_(True)
+    mine, reference = Adam([ours], 0.1), torch.optim.Adam([theirs], lr=0.1)
+    for _ in range(7):
+        mine.step(list(torch.autograd.grad(((ours - target) ** 4).sum(), [ours])))
+        reference.zero_grad()
+        ((theirs - target) ** 4).sum().backward()
+        reference.step()
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)

@@ -23,7 +23,14 @@ from typing import Any
 import numpy as np
 
 from ..data import load_dataset
-from ..data.readers import IMAGE_COLUMNS, IMAGE_SUFFIXES, LABEL_COLUMNS, TEXT_COLUMNS
+from ..data.readers import (
+    IMAGE_COLUMNS,
+    IMAGE_SUFFIXES,
+    LABEL_COLUMNS,
+    TEXT_COLUMNS,
+    read_npz,
+    scan_image_folder,
+)
 from ..errors import ConfigError, DatasetError
 from ..inference.feeds import dataset_feeds
 from ..inference.processors import ONNXAutoProcessor
@@ -125,23 +132,12 @@ TABLE_READERS: dict[str, Callable[[Path], Any]] = {
 
 
 def _image_folder(root: Path) -> Any:
-    """Flat images, or one sub-folder per class (kept as ``label``), in the dataset readers' sorted order."""
+    """Flat images, or one sub-folder per class (kept as ``label``): the dataset readers' scan."""
     import pyarrow as pa
 
-    def images(folder: Path) -> list[Path]:
-        return sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
-
-    flat = images(root)
-    if flat:
-        return pa.table({"path": [str(f) for f in flat]})
-    files, labels = [], []
-    for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        found = images(sub)
-        files += [str(f) for f in found]
-        labels += [sub.name] * len(found)
-    if not files:
-        raise DatasetError(f"{root}: no images found", hint=f"put {', '.join(IMAGE_SUFFIXES)} files in it")
-    return pa.table({"path": files, "label": labels})
+    files, labels = scan_image_folder(root)
+    paths = [str(f) for f in files]
+    return pa.table({"path": paths} if labels is None else {"path": paths, "label": labels})
 
 
 def _input_column(names: list[str], given: str | None, source: str) -> str:
@@ -221,8 +217,7 @@ def _npz_rows(path: Path, keep_columns: Sequence[str], input_column: str | None,
     sources = ONNXAutoProcessor.sources(model)
     feeds = dataset_feeds(dataset, sources)  # checked against the model's input shapes
     n = len(dataset)
-    with np.load(path, allow_pickle=False) as data:
-        kept = {c: data[c] for c in keep_columns if c in data.files}
+    kept = {c: a for c, a in read_npz(path).items() if c in keep_columns}
     bad = [c for c in keep_columns if c not in kept or kept[c].ndim != 1 or len(kept[c]) != n]
     if bad:
         raise DatasetError(f"{path}: no 1-D array(s) {bad} of {n} rows to keep")

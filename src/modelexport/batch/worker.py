@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InferenceError
+from ..errors import InferenceError, first_line
 from ..inference.pipelines import pipeline
 from ..inference.processors import to_array
 from ..runtime.session import SessionConfig
@@ -47,7 +47,7 @@ class WorkerSpec:
 
 
 def _message(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    text = first_line(f"{type(exc).__name__}: {exc}")
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 

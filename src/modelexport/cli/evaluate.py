@@ -90,21 +90,21 @@ def _table(result: Any) -> str:
 @click.option(
     "--memory-size",
     type=click.IntRange(1, 100_000),
-    default=64,
+    default=128,
     show_default=True,
     help="--statistics memory: examples the stream's class-balanced memory holds.",
 )
 @click.option(
     "--stem-prior",
     type=click.FloatRange(0, None),
-    default=8.0,
+    default=16.0,
     show_default=True,
     help="--statistics memory: the source statistics' weight (examples) in the stem BN layers.",
 )
 @click.option(
     "--deep-prior",
     type=click.FloatRange(0, None),
-    default=32.0,
+    default=64.0,
     show_default=True,
     help="--statistics memory: the source statistics' weight (examples) in the deeper BN layers.",
 )
@@ -166,6 +166,13 @@ def _table(result: Any) -> str:
     "--learning-rate", type=float, default=1e-3, show_default=True, help="Tent learning rate (Adam)."
 )
 @click.option(
+    "--step-layers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="tent/sar: the last N BN layers' scale/bias are trained, torch runs the graph from there (0: all).",
+)
+@click.option(
     "--mc-dropout",
     type=int,
     default=0,
@@ -211,6 +218,7 @@ def evaluate_cmd(
     ttt_iterations: int | None,
     momentum: float,
     learning_rate: float,
+    step_layers: int,
     mc_dropout: int,
     batch_size: int,
     seed: int,
@@ -242,6 +250,7 @@ def evaluate_cmd(
         ttt_iterations=ttt_iterations,
         momentum=momentum,
         learning_rate=learning_rate,
+        step_layers=step_layers,
         mc_dropout=mc_dropout,
         seed=seed,
     )

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DatasetError
+from ..errors import DatasetError, ModelExportError, first_line
 from .dataset import Dataset, encode_labels
 
 __all__ = [
@@ -39,6 +39,8 @@ __all__ = [
     "BUILTINS",
     "ReadOptions",
     "IMAGE_SUFFIXES",
+    "read_npz",
+    "scan_image_folder",
 ]
 
 log = logging.getLogger(__name__)
@@ -180,18 +182,24 @@ def _digits() -> Dataset:
 # --- .npz ------------------------------------------------------------------------------------------
 
 
-@register_reader("npz", lambda spec: spec.lower().endswith(".npz"))
-def _read_npz(spec: str, options: ReadOptions) -> Dataset:
-    path = _existing_file(spec)
+def read_npz(path: Path, error: type[ModelExportError] = DatasetError) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz`` (no pickled objects: a file from elsewhere runs no code), or ``error``
+    naming the file: the one ``.npz`` reader of datasets, batch inputs and inspection inputs."""
     try:
-        with path.open("rb") as fh, np.load(fh, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
+        with Path(path).open("rb") as fh, np.load(fh, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
     except MemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types on a damaged archive
-        raise DatasetError(
-            f"{path}: cannot read as .npz: {type(exc).__name__}: {exc}", hint=_NPZ_HINT
+        raise error(
+            f"{path}: cannot read as .npz: {type(exc).__name__}: {first_line(exc)}", hint=_NPZ_HINT
         ) from exc
+
+
+@register_reader("npz", lambda spec: spec.lower().endswith(".npz"))
+def _read_npz(spec: str, options: ReadOptions) -> Dataset:
+    path = _existing_file(spec)
+    arrays = read_npz(path)
     found = sorted(arrays)
     y = arrays.pop(NPZ_LABELS, None)
     label_names = arrays.pop(NPZ_LABEL_NAMES, None)
@@ -271,26 +279,36 @@ def _images_in(folder: Path) -> list[Path]:
     return sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES)
 
 
-@register_reader("image_folder", _is_image_folder)
-def _read_image_folder(spec: str, options: ReadOptions) -> Dataset:
-    root = Path(spec)
+def scan_image_folder(root: Path, labelled: bool = False) -> tuple[list[Path], list[str] | None]:
+    """The images of a folder in sorted order, with their class names when it has one sub-folder per class
+    (``(files, None)`` for a flat folder of images, unless ``labelled`` asks for the class sub-folders):
+    the one scan behind datasets and batch inference, so both see the same files in the same order."""
     flat = _images_in(root)
-    if flat and not options.require_labels:  # a plain folder of images: inputs without labels
-        images, info = _load_images(flat, [str(f) for f in flat])
-        return Dataset("image", None, [], images=images, source=str(root), info={"format": "images", **info})
+    if flat and not labelled:
+        return flat, None
     files: list[Path] = []
-    raw: list[str] = []
+    classes: list[str] = []
     for sub in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         found = _images_in(sub)
         if not found:
             log.warning("%s: no images, class skipped", sub)
         files.extend(found)
-        raw.extend([sub.name] * len(found))
+        classes.extend([sub.name] * len(found))
     if not files:
         raise DatasetError(
             f"{root}: no images found",
-            hint=f"an image folder has one sub-folder per class holding {', '.join(IMAGE_SUFFIXES)} files",
+            hint=f"an image folder holds {', '.join(IMAGE_SUFFIXES)} files, or one sub-folder of them per class",
         )
+    return files, classes
+
+
+@register_reader("image_folder", _is_image_folder)
+def _read_image_folder(spec: str, options: ReadOptions) -> Dataset:
+    root = Path(spec)
+    files, raw = scan_image_folder(root, labelled=options.require_labels)
+    if raw is None:  # a plain folder of images: inputs without labels
+        images, info = _load_images(files, [str(f) for f in files])
+        return Dataset("image", None, [], images=images, source=str(root), info={"format": "images", **info})
     labels, names = encode_labels(raw, str(root), min_classes=options.min_classes)
     images, info = _load_images(files, [str(f) for f in files])
     return Dataset(

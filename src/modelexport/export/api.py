@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import onnx_weight_bytes, write_json, write_text
-from ..errors import ConfigError, ExportError, InputSpecError, TopologyMismatchError
+from ..errors import ConfigError, ExportError, InputSpecError, TopologyMismatchError, first_line
 from ..hierarchy.scopes import scope_counts
 from ..hierarchy.sidecar import build_sidecar
 from ..hierarchy.tagger import tag_model
@@ -230,7 +230,7 @@ def _verify(
         try:
             onnx.checker.check_model(model if isinstance(model, bytes) else str(model))
         except onnx.checker.ValidationError as exc:
-            raise ExportError(f"the exported model fails onnx.checker: {str(exc).splitlines()[0]}") from exc
+            raise ExportError(f"the exported model fails onnx.checker: {first_line(exc)}") from exc
     if not ctx.config.validate:
         ctx.stages.skip("parity", "--no-validate")
         return identical, None

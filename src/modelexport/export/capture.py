@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ExportError, FixedAxisError, InputSpecError, UnsupportedOperatorError
+from ..errors import ExportError, FixedAxisError, InputSpecError, UnsupportedOperatorError, first_line
 from .experts import every_expert_runs
-from .inputs import ExampleInputs, OtherSize, first_line
+from .inputs import ExampleInputs, OtherSize
 from .parity import flatten_outputs
 
 __all__ = ["CaptureSettings", "EXPORTER_REGISTRY", "capture", "exporter"]
@@ -316,7 +316,7 @@ def capture(model: Any, inputs: ExampleInputs, settings: CaptureSettings) -> Any
                 f"the {settings.exporter} exporter cannot convert operator {op!r} to ONNX"
                 f" (opset {settings.opset or 'default'}): check that your model's ops are ONNX compliant"
             ) from exc
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         other = "torchscript" if settings.exporter == "dynamo" else "dynamo"
         raise ExportError(
             f"{settings.exporter} export failed: {type(exc).__name__}: {first[:500]}",

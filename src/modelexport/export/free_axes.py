@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FixedAxisError
+from ..errors import FixedAxisError, first_line
 from ..onnxfile import needs_external_data, save_onnx
 from ..runtime.session import create_session
 from .capture import CaptureSettings, capture, training_modes
 from .context import ExportContext
-from .inputs import ExampleInputs, OtherSize, first_line, modality_config
+from .inputs import ExampleInputs, OtherSize, modality_config
 from .parity import PARITY_RUNNERS, flatten_outputs, runner_for
 
 __all__ = ["DEFAULT_STEP", "capture_graph", "probe_other_size", "size_step"]

@@ -15,13 +15,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import InputSpecError
+from ..errors import InputSpecError, first_line
 from .config import ExportConfig, InputSpec
 
 __all__ = [
     "ExampleInputs",
     "OtherSize",
-    "first_line",
     "build_inputs",
     "forward_parameters",
     "hf_example",
@@ -299,12 +298,6 @@ def _excess(got: Any, want: Any, atol: float, scaled: bool) -> float:
     diff = float(np.abs(g - w).max())
     bound = atol * max(1.0, float(np.abs(w).max())) if scaled else atol
     return diff if diff > bound else 0.0
-
-
-def first_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message (its type when it has none), at most 300 characters."""
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
 def tensor_to_numpy(tensor: Any) -> Any:

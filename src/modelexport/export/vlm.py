@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from .._transformers import cache_parameter, load_processor, major_version, output_cache, transformers_version
-from ..errors import ConfigError, ExportError
+from ..errors import ConfigError, ExportError, first_line
 from ..inference.multimodal import (
     POSITION_SCHEMES,
     VISION_PRECOMPUTE,
@@ -49,7 +49,7 @@ from ..inference.multimodal import (
 from ..metadata.tasks import normalize_task
 from .config import ExportConfig, InputSpec
 from .generation import cache_layout, dynamic_cache, dynamic_cache_leaves, is_with_past, register_cache_pytree
-from .inputs import first_line, forward_parameters
+from .inputs import forward_parameters
 from .seq2seq import SEQ2SEQ_UNSUPPORTED_OPTIONS
 from .steps import StepFn, StepInputs
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -20,13 +20,14 @@ from ..errors import ModuleNotInGraphError
 if TYPE_CHECKING:
     import onnx
 
-from .tags import TAG_SOURCE_KEY, common_ancestor, is_within, node_key, node_tag
+from .tags import TAG_SOURCE_KEY, common_ancestor, is_within, node_key, node_props, node_tag
 
 __all__ = [
     "GraphIndex",
     "InitializerInfo",
     "TensorEdges",
     "tensor_edges",
+    "drop_dead_nodes",
     "index_limits",
     "resolve_module",
     "close_matches",
@@ -88,6 +89,26 @@ def tensor_edges(nodes: Sequence[onnx.NodeProto]) -> TensorEdges:
 
 #: Ops an id tensor passes through unchanged on its way to a ``Gather``.
 _PASS_THROUGH = ("Cast", "Identity", "DequantizeLinear", "Unsqueeze", "Reshape", "Flatten", "Squeeze")
+
+
+def drop_dead_nodes(model: onnx.ModelProto, ops: Collection[str] | None = None) -> int:
+    """Remove main-graph nodes (of ``ops`` only, when given) whose outputs nothing reads and no graph output
+    names, until none is left; returns how many went. What a rewrite leaves behind (a replaced mask's
+    producers, a DequantizeLinear whose MatMul went)."""
+    outputs = {o.name for o in model.graph.output}
+    removed = 0
+    while True:
+        used = {i for n in model.graph.node for i in n.input} | outputs
+        dead = [
+            k
+            for k, n in enumerate(model.graph.node)
+            if (ops is None or n.op_type in ops) and not any(o in used for o in n.output if o)
+        ]
+        if not dead:
+            return removed
+        for k in reversed(dead):
+            del model.graph.node[k]
+        removed += len(dead)
 
 
 def _rows(model: onnx.ModelProto, producers: dict[str, Any], name: str) -> int | None:
@@ -187,7 +208,7 @@ class GraphIndex:
         index = cls([], [], [], [], [], [], [], [], [o.name for o in graph.output], inits)
         index.graph_inputs = [i.name for i in graph.input if i.name not in inits]
         for i, node in enumerate(graph.node):
-            props = {p.key: p.value for p in node.metadata_props}
+            props = node_props(node)
             index.keys.append(node_key(node, i))
             index.op_types.append(node.op_type)
             index.domains.append(node.domain)

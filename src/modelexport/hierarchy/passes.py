@@ -1,10 +1,13 @@
 """The one shape of a model transform: ``ModelProto -> PassResult`` (the model and what changed).
 
-Tagging, metadata embedding, quantize steps, graph fusion, re-tagging and the test-time rewrites are
-all passes, so each can be tested alone and chained with :func:`run_passes`, which records per pass
+Graph optimization (``optimize/graph.py``: slimming, fusion, the CPU splits), the quantizer's preparation
+steps and re-tagging (``optimize/retag.py``) are passes, so each can be tested alone and chained with
+:func:`run_passes`, which records per pass
 the node counts, the time and the pass's own ``record``. A pass declares ``in_place``: True when it
 edits and returns its input (cheap for large models), False when its input stays untouched. A pass
 that needs the model as it was before it (re-tagging) must only follow passes with ``in_place=False``.
+Export's tagging and metadata embedding are not passes: they are steps of the package export writes
+(``export/api.py``), which needs the PyTorch module beside the graph.
 """
 
 from __future__ import annotations

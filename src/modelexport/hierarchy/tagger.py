@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .graph import ancestors_of, tensor_edges
 from .scopes import module_path_for
-from .tags import TAG_KEY, common_ancestor, node_key, portable_stack_trace, set_node_tag
+from .tags import common_ancestor, node_key, node_tag, portable_stack_trace, set_node_tag
 from .tree import ModuleTree
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def tensor_tags(model: Any) -> dict[str, dict[str, Any]]:
     for init in graph.initializer:
         entry(init.name, "initializer")
     for node in graph.node:
-        tag = next((p.value for p in node.metadata_props if p.key == TAG_KEY), None)
+        tag = node_tag(node)
         for o in node.output:
             if o:
                 e = entry(o, "output" if o in graph_outputs else "activation")

@@ -10,11 +10,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import onnx
+
 from ..errors import InvalidModelError
 
 __all__ = [
     "MAX_TAG_CHARS",
     "MAX_TAG_DEPTH",
+    "node_props",
     "node_tag",
     "NAMESPACE_KEY",
     "TAG_KEY",
@@ -74,7 +77,8 @@ def node_key(node: Any, index: int) -> str:
     return node.name or f"{node.op_type}#{index}"
 
 
-def _props(node: Any) -> dict[str, str]:
+def node_props(node: onnx.NodeProto) -> dict[str, str]:
+    """A node's ``metadata_props`` as a dict (its tag, tag source, name scopes...)."""
     return {p.key: p.value for p in node.metadata_props}
 
 
@@ -96,7 +100,7 @@ def read_node_tags(model: Any) -> dict[str, dict[str, str | None]]:
     """Node key -> {tag, source, op_type} for the main graph, read from node metadata."""
     out: dict[str, dict[str, str | None]] = {}
     for i, node in enumerate(model.graph.node):
-        props = _props(node)
+        props = node_props(node)
         out[node_key(node, i)] = {
             "tag": node_tag(node, i),
             "source": props.get(TAG_SOURCE_KEY),

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ExportError, TagError
+from ..errors import ExportError, TagError, first_line
 from ..hierarchy.graph import resolve_module
 from ..onnxfile import OutputPlan, external_tensors, load_external_tensors, plan_output, save_onnx
 from .loading import load_tagged_model
@@ -312,9 +312,7 @@ def _build_model(model: Any, index: Any, nodes: list[int], b: _Boundary, tag: st
         onnx.checker.check_model(_checkable(sub))
         return onnx.shape_inference.infer_shapes(sub, strict_mode=False)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise ExportError(
-            f"the subgraph of {tag} is not a valid ONNX model: {str(exc).splitlines()[0]}"
-        ) from exc
+        raise ExportError(f"the subgraph of {tag} is not a valid ONNX model: {first_line(exc)}") from exc
 
 
 def _select_call(

@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import InferenceError, InputSpecError
+from ..data.readers import read_npz
+from ..errors import InferenceError, InputSpecError, first_line
 from ..hierarchy.graph import index_limits
 from ..runtime.types import ORT_TO_NUMPY as _ORT_TYPES
 
@@ -85,7 +86,7 @@ def run_session(session: Any, feed: dict[str, Any], outputs: list[str] | None = 
     try:
         return session.run(outputs, feed)
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types for bad inputs
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc)
         raise InferenceError(
             f"ONNX Runtime failed to run the model: {first}",
             hint="pass matching inputs with --inputs FILE.npz",
@@ -94,18 +95,12 @@ def run_session(session: Any, feed: dict[str, Any], outputs: list[str] | None = 
 
 def load_npz_inputs(path: str | os.PathLike[str], session: Any | None = None) -> dict[str, Any]:
     """Arrays from an ``.npz`` keyed by input name; checks that every session input is there."""
-    import numpy as np
-
     path = Path(path)
     if not path.is_file():
         raise InputSpecError(
             f"inputs file not found: {path}", hint="pass an .npz made with numpy.savez(path, name=array, ...)"
         )
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as exc:
-        raise InputSpecError(f"{path} is not a readable .npz file: {exc}") from exc
+    arrays = read_npz(path, InputSpecError)
     if session is not None:
         wanted = [a.name for a in session.get_inputs()]
         missing = [n for n in wanted if n not in arrays]

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_path, write_json
-from ..errors import ConfigError, TagError
+from ..errors import ConfigError, TagError, first_line
 from ..hierarchy.graph import ancestors_of, sidecar_mismatches
 from ..hierarchy.tagger import tensor_tags
-from ..hierarchy.tags import TAG_KEY, TAG_PATTERN, set_node_tag
+from ..hierarchy.tags import TAG_PATTERN, node_tag, set_node_tag
 from ..onnxfile import load_onnx
 from .formats import renderer
 from .loading import TaggedModel, load_tagged_model
@@ -80,11 +80,11 @@ def _onnx_checker(tm: TaggedModel) -> list[Finding]:
         onnx.checker.check_model(str(tm.path) if tm.path else tm.proto, full_check=True)
     except errors as exc:
         if not (tm.path and "external tensors" in str(exc)):
-            return [Finding("onnx_checker", "error", str(exc).strip().splitlines()[0])]
+            return [Finding("onnx_checker", "error", first_line(exc))]
         try:  # shape inference cannot read external data by path: check the loaded model instead
             onnx.checker.check_model(load_onnx(tm.path), full_check=True)
         except errors as again:
-            return [Finding("onnx_checker", "error", str(again).strip().splitlines()[0])]
+            return [Finding("onnx_checker", "error", first_line(again))]
     return []
 
 
@@ -222,7 +222,7 @@ def _nodes_from_sidecar(tm: TaggedModel) -> list[str]:
     changes = []
     for key, node in zip(tm.index.keys, tm.proto.graph.node, strict=True):
         entry = entries.get(key)
-        current = next((p.value for p in node.metadata_props if p.key == TAG_KEY), None)
+        current = node_tag(node)
         if entry and entry.get("tag") and entry["tag"] != current:
             set_node_tag(node, entry["tag"], entry.get("source"))
             changes.append(f"node {key}: {current!r} -> {entry['tag']!r}")

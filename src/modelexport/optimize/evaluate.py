@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from ..hierarchy.tags import TAG_KEY
+from ..hierarchy.tags import node_tag
 from ..inference.feeds import SampleSet
 from ..runtime.session import create_session
 
@@ -106,7 +106,7 @@ def _boundaries(model: Any, depth: int) -> dict[str, list[str]]:
     module_of: dict[str, str] = {}
     produced: dict[str, str] = {}
     for node in model.graph.node:
-        tag = {p.key: p.value for p in node.metadata_props}.get(TAG_KEY)
+        tag = node_tag(node)
         if not tag:
             continue
         parts = tag[1:].split("/")
@@ -118,7 +118,7 @@ def _boundaries(model: Any, depth: int) -> dict[str, list[str]]:
     crossing: dict[str, set[str]] = defaultdict(set)
     graph_outputs = {o.name for o in model.graph.output}
     for node in model.graph.node:
-        tag = {p.key: p.value for p in node.metadata_props}.get(TAG_KEY) or ""
+        tag = node_tag(node) or ""
         here = "/" + "/".join(tag[1:].split("/")[:depth])
         for inp in node.input:
             if inp in produced and produced[inp] != here:

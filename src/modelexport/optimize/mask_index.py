@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..hierarchy.graph import tensor_edges
+from ..hierarchy.graph import drop_dead_nodes, tensor_edges
 from ..runtime.session import create_session
 
 if TYPE_CHECKING:
@@ -106,20 +106,6 @@ def key_padding_value(model: onnx.ModelProto, bias: str) -> tuple[str, float] | 
     return (masks[0], values[0]) if len(set(values)) == 1 and values[0] < -1e4 else None
 
 
-def _drop_dead(model: onnx.ModelProto) -> int:
-    """Remove nodes none of whose outputs is used or a graph output; returns how many."""
-    outputs = {o.name for o in model.graph.output}
-    removed = 0
-    while True:
-        used = {i for n in model.graph.node for i in n.input} | outputs
-        dead = [k for k, n in enumerate(model.graph.node) if not any(o in used for o in n.output if o)]
-        if not dead:
-            return removed
-        for k in reversed(dead):
-            del model.graph.node[k]
-        removed += len(dead)
-
-
 def use_mask_index(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` whose ``Attention`` nodes read the raw mask (``mask_index``) where their
     ``attention_bias`` is a key-padding bias; returns it and how many nodes were rewritten."""
@@ -159,5 +145,5 @@ def use_mask_index(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             node.attribute.extend([*kept, helper.make_attribute("mask_filter_value", value)])
             rewritten += 1
     if rewritten:
-        _drop_dead(out)
+        drop_dead_nodes(out)
     return out, rewritten

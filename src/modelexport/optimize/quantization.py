@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._io import onnx_weight_bytes
-from ..errors import ConfigError, ModelExportError, OptimizationError
+from ..errors import ConfigError, ModelExportError, OptimizationError, first_line
+from ..hierarchy.graph import drop_dead_nodes
 from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
-from ..hierarchy.tags import TAG_KEY
+from ..hierarchy.tags import node_tag
 from ..inference.feeds import SampleSet
 from ..onnxfile import (
     EXTERNAL_DATA_THRESHOLD,
@@ -208,7 +209,7 @@ class Preprocess:
                     quant_pre_process(str(src), str(out), **kwargs, **large)
                 except Exception as exc:  # noqa: BLE001 - recorded, next attempt tried
                     what = "without symbolic shape inference" if kwargs else "with symbolic shape inference"
-                    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:100]
+                    reason = first_line(exc, 100)
                     notes.append(f"quant_pre_process {what} failed ({reason})")
                     continue
                 return PassResult(load_onnx(out), True, {"notes": notes})
@@ -243,7 +244,7 @@ class DropShapeHints:
 
 
 def _tagged_names(model: Any) -> list[tuple[str, str]]:
-    return [({p.key: p.value for p in n.metadata_props}.get(TAG_KEY) or "", n.name) for n in model.graph.node]
+    return [(node_tag(n) or "", n.name) for n in model.graph.node]
 
 
 def _hits(tags: list[tuple[str, str]], pattern: str) -> list[str]:
@@ -330,18 +331,8 @@ def restore_float_inputs(model: Any, names: list[str], original: Any) -> int:
                 if node.input[i] in originals and node.input[i] not in present:
                     model.graph.initializer.append(originals[node.input[i]])
                     present.add(node.input[i])
-    _drop_dead(model, {"QuantizeLinear", "DequantizeLinear"})
+    drop_dead_nodes(model, {"QuantizeLinear", "DequantizeLinear"})
     return rewired
-
-
-def _drop_dead(model: Any, ops: set[str]) -> None:
-    while True:
-        used = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
-        dead = [n for n in model.graph.node if n.op_type in ops and not any(o in used for o in n.output)]
-        if not dead:
-            return
-        for n in dead:
-            model.graph.node.remove(n)
 
 
 def _module_of(tag: str, depth: int) -> str:
@@ -357,7 +348,7 @@ def quantized_per_module(model: Any, depth: int = 3) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for n in model.graph.node:
         if n.op_type in QUANT_OPS or (n.op_type not in QDQ_OPS and any(i in dq_out for i in n.input)):
-            tag = {p.key: p.value for p in n.metadata_props}.get(TAG_KEY, "")
+            tag = node_tag(n) or ""
             counts[_module_of(tag, depth)] += 1
     return dict(sorted(counts.items()))
 

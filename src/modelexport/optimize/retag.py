@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..hierarchy.graph import tensor_edges
 from ..hierarchy.passes import Pass, PassResult
 from ..hierarchy.tagger import propagate_tags
-from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, node_key, set_node_tag
+from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, common_ancestor, node_key, node_props, set_node_tag
 
 if TYPE_CHECKING:
     import onnx
@@ -59,21 +59,17 @@ class _Before:
     root: str | None
 
 
-def _props(node: Any) -> dict[str, str]:
-    return {p.key: p.value for p in node.metadata_props}
-
-
 def _index_before(model: Any) -> _Before:
     tags: dict[str, str] = {}
     sources: dict[str, str] = {}
     for node in model.graph.node:
-        props = _props(node)
+        props = node_props(node)
         if node.name and props.get(TAG_KEY):
             tags[node.name] = props[TAG_KEY]
             sources[node.name] = props.get(TAG_SOURCE_KEY, "scope")
     nodes = model.graph.node
     producer = {t: nodes[i] for t, i in tensor_edges(nodes).producer.items()}
-    all_tags = [_props(n).get(TAG_KEY) for n in model.graph.node]
+    all_tags = [node_props(n).get(TAG_KEY) for n in model.graph.node]
     return _Before(tags, sources, producer, common_ancestor({t for t in all_tags if t}))
 
 
@@ -99,7 +95,7 @@ def _replaced_tags(node: Any, before: _Before, kept_names: set[str]) -> set[str]
                 continue
             todo.append(prev)
     between = _after_inputs(list(seen.values()), stop) or list(seen.values())
-    return {t for old in between if (t := before.tag_by_name.get(old.name) or _props(old).get(TAG_KEY))}
+    return {t for old in between if (t := before.tag_by_name.get(old.name) or node_props(old).get(TAG_KEY))}
 
 
 def _after_inputs(nodes: list[Any], inputs: set[str]) -> list[Any]:
@@ -132,7 +128,7 @@ def retag(before: Any, after: Any) -> RetagResult:
     ref = _index_before(before)
     nodes = list(after.graph.node)
     result = RetagResult(
-        total=len(nodes), untagged_before=sum(1 for n in before.graph.node if not _props(n).get(TAG_KEY))
+        total=len(nodes), untagged_before=sum(1 for n in before.graph.node if not node_props(n).get(TAG_KEY))
     )
     if ref.root is None:
         return result  # nothing to carry: the input has no tags
@@ -141,11 +137,11 @@ def retag(before: Any, after: Any) -> RetagResult:
     sources: dict[int, str] = {}
     rules: Counter[str] = Counter()
     for i, node in enumerate(nodes):
-        existing = _props(node).get(TAG_KEY)
+        existing = node_props(node).get(TAG_KEY)
         if node.name in ref.tag_by_name:
             tags[i], sources[i], rule = ref.tag_by_name[node.name], ref.source_by_name[node.name], "kept"
         elif existing:
-            tags[i], sources[i], rule = existing, _props(node).get(TAG_SOURCE_KEY, INHERITED), "kept"
+            tags[i], sources[i], rule = existing, node_props(node).get(TAG_SOURCE_KEY, INHERITED), "kept"
         elif found := common_ancestor(_replaced_tags(node, ref, kept_names)):
             tags[i], rule = found, "replaced"
         elif found := _by_prefix(node.name, ref):
@@ -203,7 +199,7 @@ class Retagged:
 
 def tag_coverage(model: Any) -> dict[str, Any]:
     """Tagged nodes / all nodes of the main graph, and the keys of untagged nodes."""
-    missing = [node_key(n, i) for i, n in enumerate(model.graph.node) if not _props(n).get(TAG_KEY)]
+    missing = [node_key(n, i) for i, n in enumerate(model.graph.node) if not node_props(n).get(TAG_KEY)]
     total = len(model.graph.node)
     pct = 100.0 if not total else round(100.0 * (total - len(missing)) / total, 3)
     return {

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._config import split_names, unknown_choice
-from ..errors import ConfigError, OnnxFileError, ProviderError
+from ..errors import ConfigError, OnnxFileError, ProviderError, first_line
 from ..onnxfile import load_onnx, resolve_model_path
 
 __all__ = [
@@ -247,7 +247,7 @@ _ORT_NOISE = (
 
 def load_reason(error: str) -> str:
     """The first line of ONNX Runtime's error, without its code, the model's path or C++ source locations."""
-    reason = error.strip().splitlines()[0] if error.strip() else error
+    reason = first_line(error, limit=len(error))  # cut after the noise is gone, not before
     for pattern in _ORT_NOISE:
         reason = pattern.sub("", reason)
     return reason.strip() or error.strip()
@@ -301,7 +301,7 @@ def create_session(
                 log.warning(
                     "provider %s failed (%s); falling back to %s",
                     provider,
-                    errors[provider].splitlines()[0],
+                    first_line(errors[provider]),
                     order[i + 1],
                 )
             continue

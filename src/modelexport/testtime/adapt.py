@@ -124,7 +124,9 @@ class BNAdapter:
         model: Any,
         providers: list[str] | tuple[str, ...] | None = None,
         session_config: SessionConfig | None = None,
+        outputs: list[str] | None = None,
     ) -> None:
+        """``outputs``: more tensors the session reports on request (a gradient method's tail inputs)."""
         self.source = load_model(model)
         self.layers = find_bn_layers(self.source)
         if not self.layers:
@@ -138,7 +140,8 @@ class BNAdapter:
         #: Per layer: a stem layer (no BatchNormalization upstream) mixes in the batch's own statistics.
         self.stem = [not has_upstream(self.source, layer.x, "BatchNormalization") for layer in self.layers]
         self.mixed = [i for i, stem in enumerate(self.stem) if stem]
-        working = add_outputs(expose_initializers(self.source, names), [layer.x for layer in self.layers])
+        reported = [layer.x for layer in self.layers] + list(outputs or [])
+        working = add_outputs(expose_initializers(self.source, names), reported)
         working = mix_batch_statistics(working, [layer.node for layer in self.layers], set(self.mixed))
         self.working_model = working
         sizes = [len(self.source_state[layer.mean]) for layer in self.layers]

@@ -25,17 +25,21 @@ import onnx
 from .._numeric import softmax
 from ..errors import InferenceError, TestTimeError
 from ..runtime.session import SessionConfig, create_session
-from .adapt import BNAdapter, BNState
+from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
 from .augment import make_views
 from .graph import load_model, mixed_statistics
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .memory import StatisticsMemory, StatisticsPrior
-from .methods import ADAPTATION_METHODS
+from .methods import ADAPTATION_METHODS, AdaptationMethod
 from .policy import TestTimePolicy
 from .streams import MIN_BATCH, PRIOR_WINDOW, CollapseGuard, Stream, prior_correction
+from .tail import Tail, TailBuffer, tail_outputs
 
-__all__ = ["TestTimeEngine", "TestTimeResult", "Stream"]
+__all__ = ["REFRESH_EXAMPLES", "TestTimeEngine", "TestTimeResult", "Stream"]
+
+#: Examples a stream's memory takes before its blended statistics are recomputed (every batch of 8 or more).
+REFRESH_EXAMPLES = 8
 
 
 @dataclass
@@ -83,7 +87,9 @@ class TestTimeEngine:
         working = enable_mc_dropout(source, self.policy.seed) if self.policy.mc_dropout else source
         self.adapter: BNAdapter | None = None
         if self.policy.ttt != "none":
-            self.adapter = BNAdapter(working, providers, session_config)
+            self.adapter = BNAdapter(
+                working, providers, session_config, self._tail_outputs(working, output_name)
+            )
             self.session, self.session_info = self.adapter.session, self.adapter.session_info
         elif session is not None and working is source:
             self.session, self.session_info = session, session_info
@@ -99,10 +105,23 @@ class TestTimeEngine:
         self.dynamic_batch = self._batch_is_dynamic(self.input_name)
         self.modality = self._modality()
         self._prior: StatisticsPrior | None = None
+        self._tail: Tail | None = None
         if self.adapter is not None and self.policy.statistics == "memory":
             self._prior = self.adapter.prior(self.policy.stem_prior, self.policy.deep_prior)
+            if ADAPTATION_METHODS.get(self.policy.ttt).step is not None:  # built once, shared by every stream
+                self._tail = Tail.build(self.adapter, self.output_name, self.policy.step_layers)
 
     # ----------------------------------------------------------------------------------------- introspection
+
+    def _tail_outputs(self, model: onnx.ModelProto, output_name: str | None) -> list[str]:
+        """The tensors a gradient method's tail is fed (the memory statistics' tent and sar; ``tail.py``)."""
+        p = self.policy
+        if p.statistics != "memory" or ADAPTATION_METHODS.get(p.ttt).step is None:
+            return []
+        layers = find_bn_layers(model)
+        if not layers:
+            return []  # the adapter says what is missing
+        return tail_outputs(model, layers, p.step_layers, output_name or model.graph.output[0].name)
 
     def _batch_is_dynamic(self, name: str) -> bool:
         vi = next(i for i in self.inputs if i.name == name)
@@ -288,6 +307,21 @@ class TestTimeEngine:
             state.update(affine)
         return state
 
+    def _statistics(self, stream: Stream, n: int) -> BNState:
+        """The stream's robust statistics for a batch of ``n``, recomputed once the memory has taken
+        ``REFRESH_EXAMPLES`` examples since (every batch of that many or more), or when the batch size or the
+        affine parameters changed: at batch size 1 the blend costs more than the memory moves (1/64 an
+        example)."""
+        bank, cached = stream.bank, stream.statistics
+        clock = bank.clock if bank is not None else -REFRESH_EXAMPLES
+        if cached is not None:
+            since, size, affine, state = cached
+            if size == n and affine is stream.state and clock - since < REFRESH_EXAMPLES:
+                return state
+        state = self._memory_state(bank, n, stream.state)
+        stream.statistics = (clock, n, stream.state, state)
+        return state
+
     def _run_memory(self, feeds: dict[str, np.ndarray], stream: Stream) -> TestTimeResult:
         """One batch with the memory statistics: one pass predicts and reports every example's statistics
         (a gradient method's step and a second pass in between); the stream's memory then takes them."""
@@ -297,7 +331,7 @@ class TestTimeEngine:
         with stream.lock:
             continual = not p.episodic
             bank = stream.bank if continual else None
-            state = self._memory_state(bank, n, stream.state if continual else None)
+            state = self._statistics(stream, n) if continual else self._memory_state(None, n, None)
             logits, stats, state = self._adapted_pass(feeds, state, stream)
             classes = _classes(logits)
             if continual:
@@ -317,25 +351,45 @@ class TestTimeEngine:
     def _adapted_pass(
         self, feeds: dict[str, np.ndarray], state: BNState, stream: Stream
     ) -> tuple[np.ndarray, np.ndarray, BNState]:
-        """(output, every example's statistics, the state it ran with): one pass, or for a gradient method
-        one pass, its step on the BN scale/bias under the statistics of that pass, and a pass with them."""
-        adapter, p = self.adapter, self.policy
+        """(output, every example's statistics, the state it ran with): one pass. For a gradient method on a
+        batch of ``min_batch`` or more the pass also fetches the graph tail's inputs; the stream gathers a
+        sample of them and steps once per ``STEP_EXAMPLES`` (``tail.py``): the step serves the next batches.
+        Episodic policies have no next batch: they step on the whole batch and predict it with a second pass."""
+        adapter, p, tail = self.adapter, self.policy, self._tail
         assert adapter is not None
         method = ADAPTATION_METHODS.get(p.ttt)
-        step = method.step if len(feeds[self.input_name]) >= method.min_batch else None
-        extra = [t for i in adapter.mixed for t in mixed_statistics(i)] if step else []
-        logits, stats, mixed = adapter.run_with_statistics(feeds, state, self.output_name, extra)
-        if step is None:
+        n = len(feeds[self.input_name])
+        learn = tail is not None and method.step is not None and n >= method.min_batch
+        extra = tail.fetch if learn and tail is not None else []
+        logits, stats, fetched = adapter.run_with_statistics(feeds, state, self.output_name, extra)
+        if not learn or tail is None or method.step is None:
             return logits, stats, state
-        normalise = {**adapter.source_state, **state}
-        for k, i in enumerate(adapter.mixed):
-            layer = adapter.layers[i]
-            normalise[layer.mean], normalise[layer.var] = mixed[2 * k], mixed[2 * k + 1]
-        affine = step(adapter, feeds, p, normalise, stream)
-        if not p.episodic:
-            stream.state = affine
-        state = {**state, **affine}
-        return adapter.run(feeds, state, [self.output_name])[0], stats, state
+        if p.episodic:  # no next batch: step on this one, predict it again
+            inputs = dict(zip(tail.inputs, tail.gather(feeds, fetched), strict=True))
+            state = {**state, **self._step(method, inputs, state, fetched, stream)}
+            return adapter.run(feeds, state, [self.output_name])[0], stats, state
+        if stream.tail is None:
+            stream.tail = TailBuffer()
+        stream.tail.add(tail.gather(feeds, fetched), n)
+        if stream.tail.due:
+            inputs = stream.tail.take(tail)
+            stream.state = {**(stream.state or {}), **self._step(method, inputs, state, fetched, stream)}
+        return logits, stats, state
+
+    def _step(
+        self,
+        method: AdaptationMethod,
+        inputs: dict[str, np.ndarray],
+        state: BNState,
+        fetched: list[np.ndarray],
+        stream: Stream,
+    ) -> BNState:
+        """A gradient step of the tail's scale/bias on ``inputs`` under the statistics of the newest pass."""
+        adapter, tail = self.adapter, self._tail
+        assert adapter is not None and tail is not None and method.step is not None
+        current = {**adapter.source_state, **state}
+        values, params = tail.statistics(current, fetched), tail.parameters(current)
+        return method.step(tail, inputs, self.policy, values, params, stream)
 
     def _suspects(self, stream: Stream, classes: np.ndarray, logits: np.ndarray) -> bool:
         """The collapse guard's lazy check (the stream's lock held): the source model is run on a batch only

@@ -25,6 +25,7 @@ __all__ = [
     "mix_weight",
     "mixed_statistics",
     "node_label",
+    "tail_model",
     "SAMPLE_STATS",
 ]
 
@@ -134,6 +135,48 @@ def has_upstream(model: onnx.ModelProto, tensor: str, op_type: str) -> bool:
             return True
         todo.extend(i for i in node.input if i)
     return False
+
+
+#: Integer tensor types: shape arithmetic (Shape, Gather, Concat of sizes) that a tail recomputes itself.
+_INTEGER_TYPES = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
+
+
+def tail_model(model: onnx.ModelProto, start: int, output: str) -> tuple[onnx.ModelProto, list[str]]:
+    """The tail of ``model`` from node ``start`` (its index in ``graph.node``, a topological order): the nodes
+    from there on that ``output`` needs, and the tensors it must be fed -- those they read that an earlier node
+    computes or the graph is given (initializers and Constant nodes come along). Shape arithmetic is
+    recomputed, not fed (an earlier node's integer output comes along with the nodes it needs), so the tail
+    runs on a batch of any size. Fed the tensors of a full pass, it computes ``output`` as the graph does."""
+    try:
+        typed = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - types then default to float: shape tensors are fed
+        typed = model
+    producer = {o: i for i, n in enumerate(model.graph.node) for o in n.output if o}
+    inits = {t.name for t in model.graph.initializer}
+    needed: set[int] = set()
+    fed: list[str] = []
+    todo, seen = [output], set()
+    while todo:
+        name = todo.pop()
+        if name in seen or name in inits:
+            continue
+        seen.add(name)
+        i = producer.get(name)
+        if i is None or (i < start and _elem_type(typed, name) not in _INTEGER_TYPES):
+            fed.append(name)
+            continue
+        needed.add(i)
+        todo.extend(x for x in model.graph.node[i].input if x)
+    nodes = [n for i, n in enumerate(model.graph.node) if i in needed]
+    used = {x for n in nodes for x in n.input}
+    graph = helper.make_graph(
+        nodes,
+        "tail",
+        [helper.make_tensor_value_info(name, _elem_type(typed, name), None) for name in fed],
+        [helper.make_tensor_value_info(output, _elem_type(typed, output), None)],
+        [t for t in model.graph.initializer if t.name in used],
+    )
+    return helper.make_model(graph, opset_imports=list(model.opset_import)), sorted(fed)
 
 
 def _rank(model: onnx.ModelProto, names: list[str]) -> dict[str, int | None]:

@@ -1,8 +1,8 @@
 """The adaptation-method registry: ``policy.ttt`` names one; the engine calls its ``step`` or ``adapt``.
 
 With the memory statistics (the default) the engine measures the BN statistics itself (``memory.py``, one ONNX
-Runtime pass); a gradient method's ``step`` then updates the BN affine parameters given the statistics to
-normalise with (BN has no step). With batch statistics every method's ``adapt`` maps (batch, policy, stream)
+Runtime pass); a gradient method's ``step`` then updates the scale/bias of the last BN layers through the
+graph's tail, on the tail inputs that pass computed (``tail.py``; BN has no step). With batch statistics every method's ``adapt`` maps (batch, policy, stream)
 to a BN state. Episodic policies get a fresh :class:`Stream` per batch (start from the source); continual ones
 the caller's stream, whose state is the prior and whose ``memory`` (the redundancy filter's moving average)
 persists until a reset.
@@ -18,25 +18,40 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from .registry import Registry
-from .sar import sar_adapt
+from .sar import sar_adapt, sar_step
 from .streams import MIN_BATCH, Stream
 from .tent import tent_adapt, tent_step
 
 if TYPE_CHECKING:
     from .adapt import BNAdapter, BNState
-    from .policy import TestTimePolicy
+    from .tail import Tail
 
-__all__ = ["ADAPTATION_METHODS", "AdaptationMethod", "statistics"]
+__all__ = ["ADAPTATION_METHODS", "AdaptationMethod", "AdaptationSettings", "statistics"]
 
-AdaptFn = Callable[["BNAdapter", dict[str, np.ndarray], "TestTimePolicy", Any, Stream], "BNState"]
-#: (adapter, feeds, policy, statistics to normalise with + the current affine parameters, stream) -> the
-#: updated BN scale and bias.
-StepFn = Callable[["BNAdapter", dict[str, np.ndarray], "TestTimePolicy", "BNState", Stream], "BNState"]
+
+class AdaptationSettings(Protocol):
+    """What a method reads of the test-time policy. ``TestTimePolicy`` has these fields; the policy module
+    imports this registry (to check ``--ttt`` names), so the registry names the fields, not the policy."""
+
+    ttt_iterations: int | None
+    momentum: float
+    bn_prior: float
+    learning_rate: float
+    episodic: bool
+    reliable_entropy: float
+
+
+AdaptFn = Callable[["BNAdapter", dict[str, np.ndarray], AdaptationSettings, Any, Stream], "BNState"]
+#: (the graph's tail, its inputs from the predicting passes, policy, the statistics its BN layers normalise
+#: with, their current scale/bias, stream) -> the updated scale/bias (``tail.py``).
+StepFn = Callable[
+    ["Tail", dict[str, np.ndarray], AdaptationSettings, "BNState", "BNState", Stream], dict[str, np.ndarray]
+]
 
 
 @dataclass(frozen=True)
@@ -62,7 +77,7 @@ ADAPTATION_METHODS.add("none", AdaptationMethod("no adaptation: the exported mod
 def statistics(
     adapter: BNAdapter,
     feeds: dict[str, np.ndarray],
-    policy: TestTimePolicy,
+    policy: AdaptationSettings,
     stream: Stream,
     prior: BNState | None = None,
     iterations: int | None = None,
@@ -80,15 +95,17 @@ def statistics(
     return adapter.adapt(feeds, prior, 1.0, iterations, strength)
 
 
-def _bn(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+def _bn(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream) -> Any:
     return statistics(adapter, feeds, policy, stream, iterations=policy.ttt_iterations)
 
 
-def _tent(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+def _tent(
+    adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream
+) -> Any:
     return tent_adapt(adapter, feeds, stream.state, policy.learning_rate, policy.ttt_iterations, torch_model)
 
 
-def _sar(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: Any, stream: Stream) -> Any:
+def _sar(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream) -> Any:
     """Robust statistics, a reliable SAM step on the affine parameters, statistics again under them."""
     tuned = sar_adapt(
         adapter,
@@ -103,27 +120,37 @@ def _sar(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, torch_model: An
     return {**statistics(adapter, feeds, policy, stream, {**(stream.state or {}), **affine}), **affine}
 
 
-def _affine(adapter: BNAdapter, state: BNState) -> BNState:
-    return {n: state[n] for layer in adapter.layers for n in (layer.scale, layer.bias)}
-
-
-def _tent_step(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, stats: Any, stream: Stream) -> Any:
-    return _affine(
-        adapter, tent_step(adapter, feeds, stats, policy.learning_rate, policy.ttt_iterations or 1)
+def _tent_step(
+    tail: Tail, inputs: Any, policy: AdaptationSettings, values: Any, params: Any, stream: Stream
+) -> Any:
+    steps = policy.ttt_iterations or 1
+    return tail.train(
+        inputs,
+        values,
+        params,
+        lambda forward, trained: tent_step(forward, trained, policy.learning_rate, steps),
     )
 
 
-def _sar_step(adapter: BNAdapter, feeds: Any, policy: TestTimePolicy, stats: Any, stream: Stream) -> Any:
-    tuned = sar_adapt(
-        adapter,
-        feeds,
-        stats,
-        reliable_entropy=policy.reliable_entropy,
-        learning_rate=policy.learning_rate,
-        steps=policy.ttt_iterations or 1,
-        memory=stream.memory,
-    )
-    return _affine(adapter, tuned)
+def _sar_step(
+    tail: Tail, inputs: Any, policy: AdaptationSettings, values: Any, params: Any, stream: Stream
+) -> Any:
+    import torch
+
+    source = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in tail.source.items()}
+
+    def update(forward: Any, trained: dict[str, Any]) -> None:
+        sar_step(
+            forward,
+            trained,
+            source,
+            policy.reliable_entropy,
+            policy.learning_rate,
+            policy.ttt_iterations or 1,
+            stream.memory,
+        )
+
+    return tail.train(inputs, values, params, update)
 
 
 ADAPTATION_METHODS.add(
@@ -137,8 +164,9 @@ ADAPTATION_METHODS.add(
 ADAPTATION_METHODS.add(
     "tent",
     AdaptationMethod(
-        "entropy minimisation of the BN affine parameters (Tent) under the BN statistics (batches of 16 or "
-        "more: one example's entropy is minimised by any confident class)",
+        "entropy minimisation of the BN affine parameters (Tent) under the BN statistics: with the memory "
+        "statistics, of the last BN layers through the graph's tail, once per 512 examples of batches of 16 or "
+        "more (one example's entropy is minimised by any confident class)",
         _tent,
         _tent_step,
         min_batch=MIN_BATCH,
@@ -148,8 +176,8 @@ ADAPTATION_METHODS.add(
     "sar",
     AdaptationMethod(
         "reliable entropy minimisation (EATA/SAR-style): robust BN statistics, reliable non-redundant examples, "
-        "sharpness-aware step anchored to the source (batches of 16 or more: stepping on single examples "
-        "drifted 17 points below plain on noisy digits)",
+        "sharpness-aware step anchored to the source, as tent's (batches of 16 or more: stepping on single "
+        "examples drifted 17 points below plain on noisy digits)",
         _sar,
         _sar_step,
         min_batch=MIN_BATCH,

@@ -18,14 +18,16 @@ keeps Tent's torch path (:class:`~.interpreter.OnnxTorchModule`) but:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .adapt import BNAdapter, BNState
 from .interpreter import OnnxTorchModule
+from .tent import Adam
 
-__all__ = ["ANCHOR", "REDUNDANT_COSINE", "SAM_RHO", "sar_adapt"]
+__all__ = ["ANCHOR", "REDUNDANT_COSINE", "SAM_RHO", "sar_adapt", "sar_step"]
 
 #: SAM neighbourhood radius (SAR's default).
 SAM_RHO = 0.05
@@ -77,36 +79,56 @@ def sar_adapt(
     steps: int,
     memory: dict[str, np.ndarray],
 ) -> BNState:
-    """``stats``: the robust BN state to normalise with; returns it with updated BN scale/bias."""
+    """``stats``: the robust BN state to normalise with; returns it with updated BN scale/bias (every BN
+    layer, through the whole graph: the batch-statistics path)."""
     import torch
 
     module = OnnxTorchModule(adapter.source, stats, train_bn=False)
     params = module.parameters
     source = {n: torch.from_numpy(np.array(adapter.source_state[n])).float() for n in params}
     tfeeds = {k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()}
-    opt = torch.optim.Adam(list(params.values()), lr=learning_rate)
-    with torch.enable_grad():
-        for _ in range(steps):
-            logits = module(tfeeds)[0]
-            margin = reliable_entropy * float(np.log(logits.shape[-1]))
-            keep = _reliable(logits, margin, memory)
-            if not bool(keep.any()):
-                break
-            opt.zero_grad()
-            _weighted_entropy(logits, keep, margin).backward()
-            grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
-            norm = torch.sqrt(sum((g**2).sum() for g in grads.values())) + 1e-12
-            eps = {n: SAM_RHO * g / norm for n, g in grads.items()}
-            with torch.no_grad():  # climb to the sharpest neighbour, take its gradient there, come back
-                for n, e in eps.items():
-                    params[n].add_(e)
-            opt.zero_grad()
-            (_weighted_entropy(module(tfeeds)[0], keep, margin) + _anchor(params, source)).backward()
-            with torch.no_grad():
-                for n, e in eps.items():
-                    params[n].sub_(e)
-            opt.step()
+    sar_step(lambda: module(tfeeds)[0], params, source, reliable_entropy, learning_rate, steps, memory)
     out = dict(stats)
     for name, p in params.items():
         out[name] = p.detach().numpy().astype(stats[name].dtype)
     return out
+
+
+def sar_step(
+    forward: Callable[[], Any],
+    params: dict[str, Any],
+    source: dict[str, Any],
+    reliable_entropy: float,
+    learning_rate: float,
+    steps: int,
+    memory: dict[str, np.ndarray],
+) -> None:
+    """``steps`` reliable, sharpness-aware, anchored steps of ``params`` (torch parameters, updated in place)
+    on the logits ``forward()`` computes from them; ``source``: the values the anchor pulls towards."""
+    import torch
+
+    names = list(params)
+    tensors = [params[n] for n in names]
+    opt = Adam(tensors, learning_rate)
+    with torch.enable_grad():
+        for _ in range(steps):
+            logits = forward()
+            margin = reliable_entropy * float(np.log(logits.shape[-1]))
+            keep = _reliable(logits, margin, memory)
+            if not bool(keep.any()):
+                break
+            grads = torch.autograd.grad(_weighted_entropy(logits, keep, margin), tensors, allow_unused=True)
+            grads = tuple(
+                torch.zeros_like(p) if g is None else g for p, g in zip(tensors, grads, strict=True)
+            )
+            norm = torch.sqrt(sum((g**2).sum() for g in grads)) + 1e-12
+            eps = [SAM_RHO * g / norm for g in grads]
+            with torch.no_grad():  # climb to the sharpest neighbour, take its gradient there, come back
+                for p, e in zip(tensors, eps, strict=True):
+                    p.add_(e)
+            loss = _weighted_entropy(forward(), keep, margin) + _anchor(params, source)
+            sharp = torch.autograd.grad(loss, tensors, allow_unused=True)
+            with torch.no_grad():
+                for p, e in zip(tensors, eps, strict=True):
+                    p.sub_(e)
+            opt.step(list(sharp))

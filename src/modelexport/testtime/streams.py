@@ -25,6 +25,7 @@ towards uniform the less evidence there is.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,9 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from .._numeric import MAX_SEED, is_seed
 from ..errors import TestTimeError
 from .memory import StatisticsMemory
 from .registry import Registry
+from .tail import TailBuffer
 
 __all__ = [
     "MIN_BATCH",
@@ -55,8 +58,14 @@ MIN_BATCH = 16
 #: Recent predictions the label-shift test and the prior correction look at (at least the batch).
 SHIFT_WINDOW = 64
 PRIOR_WINDOW = 64
+#: The lazy collapse check's longest interval, in quarter windows (after repeated checks found no collapse).
+MAX_BACKOFF = 8
 #: Predictions the stream's label distribution is estimated from (the label-shift test's reference).
 MARGINAL_WINDOW = 512
+
+ORDER_HINT = (
+    "--order takes as-is, shuffle, stratified, class-sorted or dirichlet:ALPHA (ALPHA > 0), seeded by --seed"
+)
 
 OrderFn = Callable[[np.ndarray, float, np.random.Generator], np.ndarray]
 
@@ -113,8 +122,14 @@ class StreamOrder:
 
     def __post_init__(self) -> None:
         ORDERS.get(self.kind)
-        if self.kind == "dirichlet" and not self.alpha > 0:
-            raise TestTimeError(f"dirichlet alpha must be > 0, got {self.alpha}")
+        if self.kind == "dirichlet" and not 0 < self.alpha < math.inf:
+            raise TestTimeError(
+                f"dirichlet alpha must be a finite number > 0, got {self.alpha}", hint=ORDER_HINT
+            )
+        if not is_seed(self.seed):
+            raise TestTimeError(
+                f"seed must be an integer in [0, {MAX_SEED:,}], got {self.seed!r}", hint=ORDER_HINT
+            )
 
     @classmethod
     def parse(cls, spec: str, seed: int = 0) -> StreamOrder:
@@ -123,11 +138,13 @@ class StreamOrder:
         if not arg:
             return cls(name, seed=seed)
         if name != "dirichlet":
-            raise TestTimeError(f"stream order {name!r} takes no parameter (only dirichlet:ALPHA does)")
+            raise TestTimeError(
+                f"stream order {name!r} takes no parameter (only dirichlet:ALPHA does)", hint=ORDER_HINT
+            )
         try:
             alpha = float(arg)
         except ValueError:
-            raise TestTimeError(f"dirichlet alpha must be a number, got {arg!r}") from None
+            raise TestTimeError(f"dirichlet alpha must be a number, got {arg!r}", hint=ORDER_HINT) from None
         return cls(name, alpha, seed)
 
     def __str__(self) -> str:
@@ -195,6 +212,8 @@ class ClassWindow:
         self.counts = np.zeros(num_classes, np.int64)
         self.pushed = 0
         self.since = 0
+        #: Checks come this many quarter windows apart (doubled after each check that found no collapse).
+        self.backoff = 1
 
     def push(self, classes: np.ndarray) -> None:
         size = len(self.ring)
@@ -217,7 +236,7 @@ class ClassWindow:
         self.since += len(classes)
 
     def due(self) -> bool:
-        if self.pushed < len(self.ring) or self.since < max(1, len(self.ring) // 4):
+        if self.pushed < len(self.ring) or self.since < max(1, len(self.ring) // 4) * self.backoff:
             return False
         self.since = 0
         return True
@@ -314,6 +333,9 @@ class CollapseGuard:
         self.paired, self.source = [], []
         if self.recent is not None:
             self.recent.clear()
+            # a source as narrow as the adaptation (a corruption that collapses the model itself) is a
+            # property of the data: look again less often, up to MAX_BACKOFF quarter windows apart
+            self.recent.backoff = 1 if collapsed else min(2 * self.recent.backoff, MAX_BACKOFF)
         if collapsed and not self.episodic:
             self.resets += 1
         return collapsed
@@ -348,6 +370,10 @@ class Stream:
     memory: dict[str, np.ndarray] = field(default_factory=dict)
     #: The class-balanced memory of recent examples' BN statistics (``statistics="memory"``).
     bank: StatisticsMemory | None = None
+    #: A gradient method's tail inputs since its last step (``tail.py``).
+    tail: TailBuffer | None = None
+    #: The blended statistics last computed: (memory clock, batch size, affine parameters, state).
+    statistics: tuple[int, int, Any, dict[str, np.ndarray]] | None = None
     guard: CollapseGuard | None = None
     #: Collapse-guard resets to the source so far.
     resets: int = 0
@@ -359,4 +385,5 @@ class Stream:
 
     def reset(self) -> None:
         """Back to the source model: no adapted state, no memory."""
-        self.state, self.memory, self.seen, self.bank = None, {}, 0, None
+        self.state, self.memory, self.seen, self.bank, self.tail = None, {}, 0, None, None
+        self.statistics = None

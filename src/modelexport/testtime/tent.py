@@ -11,6 +11,7 @@ prediction runs there.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -65,14 +66,39 @@ def _tent_torch_model(
     return out
 
 
+class Adam:
+    """Adam (Kingma & Ba; ``torch.optim.Adam``'s defaults: betas 0.9/0.999, eps 1e-8) over a few tensors,
+    written out: the optimizer object's bookkeeping cost more than a tail step's arithmetic (tested equal)."""
+
+    def __init__(self, params: list[Any], lr: float, betas: tuple[float, float] = (0.9, 0.999)) -> None:
+        import torch
+
+        self.params, self.lr, self.betas, self.t = params, lr, betas, 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    def step(self, grads: list[Any]) -> None:
+        """One update from the gradients (None: a parameter the loss does not reach, left as it is)."""
+        import torch
+
+        b1, b2 = self.betas
+        self.t += 1
+        c1, c2 = 1.0 - b1**self.t, math.sqrt(1.0 - b2**self.t)
+        with torch.no_grad():
+            for p, g, m, v in zip(self.params, grads, self.m, self.v, strict=True):
+                if g is None:
+                    continue
+                m.mul_(b1).add_(g, alpha=1.0 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
+                p.addcdiv_(m, (v.sqrt() / c2).add_(1e-8), value=-self.lr / c1)
+
+
 def _optimize(forward: Callable[[], Any], params: list[Any], lr: float, steps: int) -> None:
     import torch
 
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = Adam(params, lr)
     for _ in range(steps):
-        opt.zero_grad()
-        _entropy_loss(forward()).backward()
-        opt.step()
+        opt.step(list(torch.autograd.grad(_entropy_loss(forward()), params, allow_unused=True)))
 
 
 def tent_adapt(
@@ -105,18 +131,10 @@ def tent_adapt(
     return adapter.adapt(feeds, prior=state, momentum=1.0, iterations=None)
 
 
-def tent_step(
-    adapter: BNAdapter, feeds: dict[str, np.ndarray], stats: BNState, learning_rate: float, steps: int
-) -> BNState:
-    """``stats`` (the statistics to normalise with, and the current BN scale/bias) after ``steps`` Tent
-    updates of the scale/bias on this batch, the statistics held fixed (the memory statistics' Tent)."""
+def tent_step(forward: Callable[[], Any], params: dict[str, Any], learning_rate: float, steps: int) -> None:
+    """``steps`` Tent updates of ``params`` (torch parameters, updated in place) on the logits ``forward()``
+    computes from them, the statistics held fixed (the memory statistics' Tent)."""
     import torch
 
-    module = OnnxTorchModule(adapter.source, stats, train_bn=False)
-    tfeeds = {k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()}
     with torch.enable_grad():
-        _optimize(lambda: module(tfeeds)[0], list(module.parameters.values()), learning_rate, steps)
-    out = dict(stats)
-    for name, p in module.parameters.items():
-        out[name] = p.detach().numpy().astype(adapter.source_state[name].dtype)
-    return out
+        _optimize(forward, list(params.values()), learning_rate, steps)

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._transformers import quiet_loading
 from ..data import Dataset
-from ..errors import ConfigError, ModelNotFoundError, TrainingError
+from ..errors import ConfigError, ModelNotFoundError, TrainingError, first_line
 from ..export.config import InputSpec
 
 __all__ = [
@@ -174,7 +174,7 @@ class TextClassifier(Network):
                 )
         except OSError as exc:
             raise ModelNotFoundError(
-                f"cannot load base model {base_model!r}: {str(exc).splitlines()[0]}",
+                f"cannot load base model {base_model!r}: {first_line(exc)}",
                 hint="pass --base_model with a local Hugging Face folder (offline) or a reachable hub id",
             ) from exc
         self.id2label = dict(id2label)

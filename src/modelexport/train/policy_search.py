@@ -61,8 +61,10 @@ DEFAULT_TTA_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
 DEFAULT_AGGREGATES = ("mean", "geometric_mean")
 #: Stream orders every candidate is validated under.
 DEFAULT_ORDERS = ("stratified", "class-sorted", "dirichlet:0.1")
-#: The adaptation candidates: BN with the memory statistics (continual, one ONNX Runtime pass per batch).
-ROBUST_BN = (POLICY_PRESETS["bn"],)
+#: The adaptation candidates: BN with the memory statistics (continual, one ONNX Runtime pass per batch), at
+#: the default pace and four times slower (``bn-cautious``: safe on networks whose early layers tell classes
+#: apart, where the default is not; each is kept only where it is not below plain on every order).
+ROBUST_BN = (POLICY_PRESETS["bn"], POLICY_PRESETS["bn-cautious"])
 
 
 @dataclass(frozen=True)
@@ -329,7 +331,10 @@ def _label(policy: TestTimePolicy) -> str:
     if policy.tta_transforms:
         parts.append(f"tta[{','.join(policy.tta_transforms)}|{policy.tta_aggregate}]")
     if policy.ttt != "none" and policy.statistics == "memory":
-        parts.append(f"{policy.ttt}[memory{policy.memory_size}{'' if policy.continual else ',episodic'}]")
+        pace = f",prior{policy.stem_prior:g}/{policy.deep_prior:g}"
+        parts.append(
+            f"{policy.ttt}[memory{policy.memory_size}{pace}{'' if policy.continual else ',episodic'}]"
+        )
     elif policy.ttt != "none":
         parts.append(f"{policy.ttt}x{policy.ttt_iterations}")
         if policy.bn_prior:

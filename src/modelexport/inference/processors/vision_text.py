@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..._transformers import load_processor
-from ...errors import ImageInputError, InferenceError, MetadataError
+from ...errors import ImageInputError, InferenceError, MetadataError, first_line
 from ..graph import GraphInput
 from ..multimodal import build_prompt
 from .base import BaseONNXProcessor
@@ -67,7 +67,7 @@ class ONNXVisionTextProcessor(BaseONNXProcessor):
             processor = load_processor(folder)
         except Exception as exc:  # noqa: BLE001 - transformers raises many types for missing or broken files
             raise MetadataError(
-                f"the processor files in {folder} do not load ({type(exc).__name__}: {str(exc).splitlines()[0]})",
+                f"the processor files in {folder} do not load ({type(exc).__name__}: {first_line(exc)})",
                 hint="re-export the model: the package keeps its processor_config.json, preprocessor_config.json, "
                 "tokenizer and chat template",
             ) from exc
@@ -93,7 +93,7 @@ class ONNXVisionTextProcessor(BaseONNXProcessor):
                 label = str(image) if isinstance(image, (str, os.PathLike)) else "an image"
                 raise ImageInputError(
                     f"{type(self.processor.image_processor).__name__} cannot take {label} ({arr.shape[1]} x "
-                    f"{arr.shape[0]} pixels): {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"
+                    f"{arr.shape[0]} pixels): {first_line(exc)}"
                 ) from exc
             loaded.append(arr)
         return loaded

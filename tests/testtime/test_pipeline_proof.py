@@ -1,0 +1,59 @@
+"""The issue's own setting, on a network the defaults were never tuned on (issue 25, the final round).
+
+The image pipeline trains on a PNG folder of digits with seed 1 (the design was tuned on seed 0's network), the
+test folders are corrupted in pixel space and read through the package's processor, class by class as a folder
+is read (tests/testtime/pipeline_folder.py). ``--ttt bn`` with its defaults, against plain inference, in batches
+of 40 and 1, streamed as read and class-sorted. Met and pinned as measured (docs/benchmarks.md, final round):
+contrast and the issue's noise 2 + contrast 2 recover 88-95%; Gaussian noise 4 recovers only 18-23% (exact BN
+on i.i.d. batches: 45%) and clean class-ordered streams lose up to 2 points, because this network's stem layer
+tells classes apart. The whole table: ``python benchmarks/test_time.py --streams --grid final``.
+
+    .venv/bin/python -m pytest tests/testtime/test_pipeline_proof.py -m slow -s
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.testtime.pipeline_folder import FolderModel, pipeline_model
+from tests.testtime.robustness import COMBINED, matrix, recovery
+
+SETS = ("contrast@4", COMBINED, "gaussian_noise@4")
+#: Recovery at least (batch 40, batch 1); noise is the measured miss (23% / 18%), pinned below it.
+FLOOR = {"contrast@4": (0.5, 0.3), COMBINED: (0.5, 0.3), "gaussian_noise@4": (0.1, 0.1)}
+#: The clean class-ordered streams' measured loss (up to 2.0 points), pinned with room for retraining noise.
+CLEAN_GAP = -0.03
+
+
+@pytest.fixture(scope="module")
+def folder_model(tmp_path_factory: pytest.TempPathFactory) -> FolderModel:
+    root: Path = tmp_path_factory.mktemp("pipeline-digits-s1")
+    return pipeline_model(root, "digits", SETS, seed=1)
+
+
+@pytest.mark.slow
+def test_default_bn_on_the_pipelines_own_network_read_as_a_folder(folder_model: FolderModel) -> None:
+    sets = {k: folder_model.sets[k] for k in ("clean", *SETS)}
+    cells = matrix(
+        "pipeline-digits-s1",
+        folder_model.onnx_path,
+        sets,
+        folder_model.labels,
+        (40, 1),
+        ("as-is", "class-sorted"),
+        ("none", "bn"),
+        seed=1,
+    )
+    accuracy = {(c.data, c.order, c.batch, c.method): c.accuracy for c in cells}
+    assert accuracy[("clean", "as-is", 40, "none")] > 0.97
+    for order in ("as-is", "class-sorted"):
+        for batch in (40, 1):
+            gap = accuracy[("clean", order, batch, "bn")] - accuracy[("clean", order, batch, "none")]
+            assert gap >= CLEAN_GAP, (order, batch, gap)
+    recovered = recovery(cells)
+    for data, (at_40, at_1) in FLOOR.items():
+        for order in ("as-is", "class-sorted"):
+            assert recovered[("pipeline-digits-s1", data, order, 40, "bn")] >= at_40, (data, order)
+            assert recovered[("pipeline-digits-s1", data, order, 1, "bn")] >= at_1, (data, order)
