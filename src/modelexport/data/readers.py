@@ -192,7 +192,10 @@ def read_npz(path: Path, error: type[ModelExportError] = DatasetError) -> dict[s
         raise
     except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types on a damaged archive
         raise error(
-            f"{path}: cannot read as .npz: {type(exc).__name__}: {first_line(exc)}", hint=_NPZ_HINT
+            f"{path}: cannot read as .npz: {type(exc).__name__}: {first_line(exc)}",
+            hint=_NPZ_HINT
+            if error is DatasetError
+            else None,  # the dataset convention; others keep their own
         ) from exc
 
 
