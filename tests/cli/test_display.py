@@ -13,6 +13,7 @@ import pytest
 from modelexport.cli import display
 from modelexport.cli.app import main
 from modelexport.cli.hints import adapt_hint
+from modelexport.optimize import WeightOnlyConfig
 from modelexport.optimize.advice import quantization_advice
 from tests.helpers import message_lines
 
@@ -221,6 +222,8 @@ def test_poor_quantization_is_one_line_with_what_to_try() -> None:
         line and "cosine 0.715 < 0.95" in line and "0.14x" in line and "--mode dynamic --per-channel" in line
     )
     assert "--per-channel" in (quantization_advice({"mean_cosine": 0.9, "speedup": 2.0}, Dynamic()) or "")
+    int4 = quantization_advice({"mean_cosine": 0.9, "speedup": 2.0}, WeightOnlyConfig()) or ""
+    assert "--mixed-precision norm_inputs" in int4 and len(f"Warning: {int4}") <= 100
     slow = quantization_advice({"mean_cosine": 0.999, "speedup": 0.3}, Dynamic()) or ""
     assert "optimize -O2" in slow and len(f"Warning: {slow}") <= 100
 

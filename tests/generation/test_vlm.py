@@ -223,7 +223,9 @@ def test_cli_infer_generates_from_an_image_and_a_prompt(
     doc = json.loads(capsys.readouterr().out)
     assert doc["task"] == "image-text-to-text" and doc["predictions"][0][0]["generated_text"]
     assert main(args) == 0
-    assert capsys.readouterr().err.strip(), "one prompt streams its tokens to stderr"
+    streamed = capsys.readouterr().out
+    assert "photo.png: Describe the image. -> " in streamed, "one prompt streams its tokens after its label"
+    assert streamed.split("photo.png: Describe the image. -> ", 1)[1].split("\n", 1)[0].strip()
     assert main(["infer", str(out), "--text", "no image"]) == 1
     assert "give --image and --text" in capsys.readouterr().err
 

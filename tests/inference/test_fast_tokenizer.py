@@ -150,3 +150,32 @@ def test_serving_imports_neither_torch_nor_transformers(task_export: Any) -> Non
     )
     assert api == []
     assert _run(f"import json, sys\nimport modelexport.inference\nprint({_HEAVY})") == []
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("clean_up", [None, True, False])
+def test_decode_equals_transformers(clean_up: bool | None, minilm_dir: Path, tmp_path: Path) -> None:
+    """What the generation pipeline prints: ids -> text as transformers' tokenizer decodes them, special tokens
+    kept or skipped, with the clean-up of spaces before punctuation on, off, or left to the default."""
+    folder = tmp_path / "tok"
+    shutil.copytree(minilm_dir, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "*.onnx"))
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("clean_up_tokenization_spaces", None)
+    if clean_up is not None:
+        config["clean_up_tokenization_spaces"] = clean_up
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    fast, full = FastTokenizer.from_folder(folder), AutoTokenizer.from_pretrained(str(folder))
+    assert fast is not None
+    rng = np.random.default_rng(0)
+    sequences = [full(text)["input_ids"] for text in [*BATCH, *CONTEXTS, "it is n't so , is it ? yes !"]]
+    sequences += [rng.integers(0, len(full), size=12).tolist() for _ in range(20)]
+    for ids in sequences:
+        for skip in (True, False):
+            assert fast.decode(np.array(ids), skip_special_tokens=skip) == full.decode(
+                ids, skip_special_tokens=skip
+            )
+    assert fast._full is None  # transformers' tokenizer was never needed
+    fast.pad_token = None
+    assert fast.pad_token is None and fast.pad_token_id is None
+    fast.pad_token = "[SEP]"
+    assert fast.pad_token_id == full.sep_token_id

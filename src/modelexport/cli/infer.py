@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -414,8 +415,9 @@ def infer_cmd(
 
 def _item(item: Any) -> str:
     """An input as a line starts with it: a text, a question, or an image or audio file."""
-    if isinstance(item, dict) and "images" in item:  # a vision-language (image, prompt) pair
-        return f"{item['images']}: {item['text']}"[:60]
+    if isinstance(item, dict) and "images" in item:  # a vision-language (image, prompt) pair, by file name
+        images = item["images"] if isinstance(item["images"], list | tuple) else [item["images"]]
+        return f"{', '.join(Path(str(i)).name for i in images)}: {item['text']}"[:60]
     if isinstance(item, dict):
         return f"{item.get('question', '')} | {item.get('context', '')}"
     return str(item)[:60]

@@ -11,13 +11,21 @@ from ..inspect.node_data import NODE_DATA_NAME, error_overlay, write_node_data
 from ..onnxfile import plan_output
 from ..optimize.advice import quantization_advice
 from ..optimize.config import (
+    ACCURACY_LEVELS,
+    BLOCK_SIZES,
     CALIBRATE_METHODS,
     FUSION_ENGINES,
+    MIXED_PRECISION,
     OPTIMIZE_PRESETS,
     QUANT_MODES,
+    WEIGHT_ALGORITHMS,
+    WEIGHT_BITS,
+    WEIGHT_PRESETS,
     WEIGHT_TYPES,
     OptimizeConfig,
     QuantizeConfig,
+    WeightOnlyConfig,
+    quantize_config,
 )
 from ..optimize.graph import optimize_model
 from ..optimize.package import PackageResult
@@ -69,6 +77,8 @@ def quantize_summary(result: Any) -> str:
         f"  nodes: {result.nodes_before} -> {result.nodes_after}; hierarchy tags on {cov['coverage_pct']}% "
         f"({', '.join(f'{k} {v}' for k, v in sorted(result.retag.get('by_rule', {}).items()))})",
     ]
+    if isinstance(result.config, WeightOnlyConfig):
+        lines.append(f"  weights: {weight_only_line(result.config)}")
     if result.excluded_nodes:
         lines.append(f"  kept in float (--exclude-modules): {len(result.excluded_nodes)} nodes")
     if result.calibration:
@@ -99,6 +109,20 @@ def quantize_summary(result: Any) -> str:
     return "\n".join(lines)
 
 
+def weight_only_line(cfg: WeightOnlyConfig) -> str:
+    """One line for a weight-only run's settings."""
+    parts = [
+        f"{cfg.weights} {cfg.algorithm}",
+        f"block {cfg.block_size}",
+        "symmetric" if cfg.symmetric else "asymmetric",
+        f"compute {ACCURACY_LEVELS[cfg.accuracy_level]}",
+        "LM head quantized" if cfg.quantize_lm_head else "LM head float",
+    ]
+    if cfg.quantize_embeddings:
+        parts.append("embeddings quantized")
+    return ", ".join(parts)
+
+
 #: -o of both commands: a file, or a folder (for a package of several graphs, a folder).
 _OUTPUT = click.option(
     "-o",
@@ -117,10 +141,76 @@ _OUTPUT = click.option(
 @_OUTPUT
 @click.option(
     "--preset",
-    type=click.Choice(QuantizeConfig.preset_names()),
+    type=click.Choice([*QuantizeConfig.preset_names(), *WEIGHT_PRESETS]),
     default=None,
-    help="Start from a named config: a mode, or a CPU target (arm64, avx2, avx512, avx512_vnni; like Optimum's "
-    "AutoQuantizationConfig) or tensorrt; the options below override it.",
+    help="Start from a named config: a mode, a CPU target (arm64, avx2, avx512, avx512_vnni; like Optimum's "
+    "AutoQuantizationConfig) or tensorrt, or a weight-only one (int4: onnxruntime-genai's CPU format; int8; "
+    "int4_hqq; int4_gptq); the options below override it.",
+)
+@click.option(
+    "--weights",
+    type=click.Choice(list(WEIGHT_BITS)),
+    default=None,
+    help="Weight-only quantization: MatMul weights to int4/int8 blocks (ONNX Runtime's MatMulNBits), activations "
+    "float; the LM head too, embeddings with --quantize-embeddings. Written with its weights in <model>.data.",
+)
+@click.option(
+    "--block-size",
+    type=int,
+    default=None,
+    show_default="32",
+    help="Weight-only: weights per block along the input axis (one scale per block and output column): "
+    + ", ".join(map(str, BLOCK_SIZES))
+    + ".",
+)
+@click.option(
+    "--accuracy-level",
+    type=int,
+    default=None,
+    show_default="4",
+    help="Weight-only: the type activations are computed in: "
+    + ", ".join(f"{k} {v}" for k, v in ACCURACY_LEVELS.items())
+    + " (4: int8 on the fly, the fast CPU path).",
+)
+@click.option(
+    "--symmetric/--asymmetric",
+    default=None,
+    show_default="the algorithm's (rtn, gptq: symmetric; hqq: asymmetric)",
+    help="Weight-only: blocks without (symmetric) or with a zero point.",
+)
+@click.option(
+    "--algorithm",
+    type=click.Choice(list(WEIGHT_ALGORITHMS)),
+    default=None,
+    show_default="rtn",
+    help="Weight-only: "
+    + "; ".join(f"{name}: {algo.summary}" for name, algo in WEIGHT_ALGORITHMS.items())
+    + " (needs --calibration-data texts).",
+)
+@click.option(
+    "--quantize-lm-head/--no-quantize-lm-head",
+    default=None,
+    show_default="quantized",
+    help="Weight-only: whether the LM head (the MatMul that writes logits) is quantized too.",
+)
+@click.option(
+    "--quantize-embeddings",
+    is_flag=True,
+    help="Weight-only int4: token embedding tables too (GatherBlockQuantized; rtn only).",
+)
+@click.option(
+    "--mixed-precision",
+    type=click.Choice(list(MIXED_PRECISION)),
+    default=None,
+    show_default="auto",
+    help="Weight-only int4: which weights stay int8: "
+    + "; ".join(f"{name}: {what}" for name, what in MIXED_PRECISION.items())
+    + ".",
+)
+@click.option(
+    "--no-fuse-projections",
+    is_flag=True,
+    help="Weight-only: keep an attention's q/k/v (an MLP's gate/up) as separate MatMuls instead of one.",
 )
 @click.option(
     "--mode",
@@ -138,13 +228,17 @@ _OUTPUT = click.option(
     "('x', or arrays named after the model's inputs).",
 )
 @click.option(
-    "--calibration-samples", type=int, default=100, show_default=True, help="Samples used to calibrate."
+    "--calibration-samples",
+    type=int,
+    default=None,
+    show_default="100 (static), 32 (gptq)",
+    help="Samples used to calibrate.",
 )
 @click.option(
     "--calibrate-method",
     type=click.Choice(list(CALIBRATE_METHODS)),
-    default="minmax",
-    show_default=True,
+    default=None,
+    show_default="minmax",
     help="How activation ranges are computed from the calibration data (static mode).",
 )
 @click.option(
@@ -225,10 +319,11 @@ _OUTPUT = click.option(
 )
 @overwrite_option("-o (and --node-data)")
 def quantize_cmd(model: str, output: str, preset: str | None, overwrite: bool, **opts: Any) -> int:
-    """int8-quantize MODEL; hierarchy tags, metadata and the sidecar are carried to the output.
+    """Quantize MODEL (int8, or weight-only int4/int8 with --weights); hierarchy tags, metadata and the sidecar
+    are carried to the output.
 
     MODEL is a .onnx file or a package folder; an encoder-decoder package (three graphs) is quantized
-    graph by graph (dynamic mode) into the folder -o, a complete package.
+    graph by graph (dynamic mode, or weight-only rtn/hqq) into the folder -o, a complete package.
     """
     fmt = opts.pop("fmt")
     node_data = opts.pop("node_data")
@@ -238,11 +333,12 @@ def quantize_cmd(model: str, output: str, preset: str | None, overwrite: bool, *
         plan_output(node_data, NODE_DATA_NAME, inputs=[model], overwrite=overwrite) if node_data else None
     )
     run = {k: opts.pop(k) for k in ("eval_data", "eval_samples", "error_report")}
-    opts["preprocess"] = not opts.pop("no_preprocess")
-    opts["exclude_modules"] = tuple(opts["exclude_modules"])
-    opts["progress"] = fmt == "text"
-    base = QuantizeConfig.preset(preset) if preset else QuantizeConfig()
-    config = base.with_changes(**{k: v for k, v in opts.items() if v is not None})
+    opts["preprocess"] = False if opts.pop("no_preprocess") else None
+    opts["fuse_projections"] = False if opts.pop("no_fuse_projections") else None
+    opts["quantize_embeddings"] = True if opts["quantize_embeddings"] else None
+    opts["exclude_modules"] = tuple(opts["exclude_modules"]) or None
+    config = quantize_config(preset, **opts)
+    config = config.with_changes(progress=fmt == "text")
     with progress(f"quantize {model}", spinner=False):
         result = quantize(model, output, config, overwrite=overwrite, **run)
     if node_plan is not None:

@@ -150,13 +150,19 @@ def _write_external(
 
 
 def save_onnx(
-    model: onnx.ModelProto, path: str | os.PathLike[str], *, data_dir: str | os.PathLike[str] | None = None
+    model: onnx.ModelProto,
+    path: str | os.PathLike[str],
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    external_data: bool | None = None,
 ) -> Path:
     """Write ``model`` to ``path`` via a temp file and a rename; ``model`` itself is left as it is.
 
-    External data (``<name>.data`` beside it) when the weights pass the threshold or when ``model`` keeps
-    some weights as references to files (``load_onnx(..., external_data=False)``): those are copied from
-    ``data_dir``, the folder they resolve in, chunk by chunk, never loaded whole.
+    External data (``<name>.data`` beside it) when ``external_data`` is True, or (None) when the weights pass
+    the threshold or ``model`` keeps some weights as references to files (``load_onnx(..., external_data=False)``):
+    those are copied from ``data_dir``, the folder they resolve in, chunk by chunk, never loaded whole.
+    ONNX Runtime maps an external data file instead of parsing the weights out of one protobuf: a session
+    starts faster and holds one copy of them (weight-only quantized models are always written so).
     """
     import onnx
 
@@ -170,7 +176,7 @@ def save_onnx(
             hint="write the model to another path",
         )
     with atomic_path(path) as tmp:
-        if not needs_external_data(model):
+        if not (external_data or needs_external_data(model)):
             onnx.save_model(model, str(tmp))
             return path
         # Both files are complete before either is renamed: the data first, then the structure.

@@ -21,6 +21,8 @@ def _fixes(config: Any, drifted: bool) -> str:
     mode = getattr(config, "mode", None)
     if mode == "static":
         return "try --mode dynamic --per-channel"
+    if drifted and str(mode).startswith("weights_"):  # WeightOnlyConfig.mode: weights_int4, weights_int8
+        return "try --mixed-precision norm_inputs or --weights int8"
     if drifted and mode == "dynamic" and not getattr(config, "per_channel", False):
         return "try --per-channel, or --exclude-modules"
     if drifted:

@@ -201,10 +201,12 @@ def write_transformed(
     dst: Path,
     transform: dict[str, Any],
     package: Iterable[str] = (),
+    *,
+    external_data: bool = False,
 ) -> tuple[Path | None, list[str]]:
     """Write a transformed model into ``dst`` (in a staging folder): its re-mapped sidecar, the ``package``
     files copied from the source's folder (with a manifest derived from the source's when ``package`` names
-    one), then the model.
+    one), then the model (``external_data``: its weights in ``<name>.data`` beside it, whatever their size).
 
     The source sidecar is read before anything is written (a broken one fails with nothing on disk).
     """
@@ -214,5 +216,5 @@ def write_transformed(
     if PACKAGE_MANIFEST in package:
         write_derived_manifest(src.parent, dst.parent, None, copied)
     side = write_sidecar(sidecar, model, dst, transform)
-    save_onnx(model, dst)
+    save_onnx(model, dst, external_data=external_data or None)
     return side, copied

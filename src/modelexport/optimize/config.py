@@ -1,9 +1,9 @@
 """Settings for ``quantize`` and ``optimize``: frozen dataclasses validated on creation, the registries
 they validate against, and named presets built from those registries.
 
-``QUANT_MODES`` is filled by :mod:`.quantization` (``@register_mode``); importing any module of this
-package runs the package ``__init__``, which imports it, so the registry is complete before a config
-is validated. Presets follow Optimum: ``QuantizeConfig.preset("avx512_vnni")`` (cf.
+``QUANT_MODES`` is filled by :mod:`.quantization` (``@register_mode``) and ``WEIGHT_ALGORITHMS`` by
+:mod:`.weight_only` (``@register_weight_algorithm``); importing any module of this package runs the
+package ``__init__``, which imports both, so the registries are complete before a config is validated. Presets follow Optimum: ``QuantizeConfig.preset("avx512_vnni")`` (cf.
 ``AutoQuantizationConfig``) and ``OptimizeConfig.preset("O2")`` (cf. ``AutoOptimizationConfig``).
 """
 
@@ -12,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._config import closest, split_names
 from ..errors import ConfigError
 from ..inference.feeds import SampleSet
 from ..runtime.session import graph_level
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "MAX_SAMPLES",
@@ -31,6 +34,16 @@ __all__ = [
     "OptimizeConfig",
     "QuantizeConfig",
     "register_mode",
+    "ACCURACY_LEVELS",
+    "BLOCK_SIZES",
+    "MIXED_PRECISION",
+    "WEIGHT_ALGORITHMS",
+    "WEIGHT_BITS",
+    "WEIGHT_PRESETS",
+    "WeightAlgorithm",
+    "WeightOnlyConfig",
+    "register_weight_algorithm",
+    "quantize_config",
 ]
 
 #: Integer types of weights/activations: our name -> ``onnxruntime.quantization.QuantType`` member.
@@ -160,6 +173,199 @@ class QuantizeConfig:
         return data
 
 
+#: Weight-only quantization (``quantize --weights``): our name -> bits per weight of ``MatMulNBits``.
+WEIGHT_BITS = {"int4": 4, "int8": 8}
+#: ``MatMulNBits``' ``accuracy_level``: the type its activations are computed in (0 leaves it to ONNX Runtime:
+#: fp32 on the CPU). 4 quantizes each block of activations to int8 on the fly, the fast path on CPUs.
+ACCURACY_LEVELS = {0: "unset", 1: "fp32", 2: "fp16", 3: "bf16", 4: "int8"}
+#: Which int4 weights stay int8 (``mixed_precision``). Measured on all-MiniLM-L6-v2 (README): int4 everywhere
+#: keeps a sentence-embedding cosine of 0.965 to fp32, the projections that read a normalization's output at
+#: int8 0.99; a generating model's per-token time is its weights' bytes, so ``auto`` keeps those int4.
+MIXED_PRECISION = {
+    "auto": "norm_inputs for models that do not generate text, none for those that do",
+    "none": "every quantized weight at the --weights width (onnxruntime-genai's int4 format)",
+    "norm_inputs": "MatMuls that read a normalization's output (attention q/k/v, MLP up/gate) at int8",
+}
+#: Block sizes ONNX Runtime's ``MatMulNBits`` kernels take: weights along K, one scale per block and column.
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+
+#: ``fn(model, config, nodes_to_quantize, samples)`` -> the model with those MatMuls as ``MatMulNBits``
+#: (and, when asked, embeddings as ``GatherBlockQuantized``); the input is left untouched.
+WeightFn = Callable[["onnx.ModelProto", "WeightOnlyConfig", list[str], "SampleSet | None"], "onnx.ModelProto"]
+
+
+@dataclass(frozen=True)
+class WeightAlgorithm:
+    """A weight-only algorithm of ``WEIGHT_ALGORITHMS`` and what it supports (checked before any work)."""
+
+    name: str
+    fn: WeightFn
+    bits: tuple[int, ...]
+    symmetric: tuple[bool, ...]  # the first is its default
+    calibrated: bool
+    embeddings: bool  # whether it can quantize a Gather's table
+    summary: str
+
+
+#: Weight-only algorithms (rtn, hqq, gptq), filled by :mod:`.weight_only`.
+WEIGHT_ALGORITHMS: dict[str, WeightAlgorithm] = {}
+
+
+def register_weight_algorithm(
+    name: str,
+    *,
+    bits: tuple[int, ...],
+    symmetric: tuple[bool, ...],
+    calibrated: bool = False,
+    embeddings: bool = False,
+    summary: str = "",
+) -> Callable[[WeightFn], WeightFn]:
+    """Add a weight-only algorithm to ``WEIGHT_ALGORITHMS``."""
+
+    def deco(fn: WeightFn) -> WeightFn:
+        WEIGHT_ALGORITHMS[name] = WeightAlgorithm(name, fn, bits, symmetric, calibrated, embeddings, summary)
+        return fn
+
+    return deco
+
+
+def _block_size(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in BLOCK_SIZES:
+        raise ConfigError(
+            f"block_size must be a power of two from 16 to 256 ({', '.join(map(str, BLOCK_SIZES))}), got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class WeightOnlyConfig:
+    """Weight-only quantization to ONNX Runtime's ``MatMulNBits`` (``quantize --weights int4|int8``).
+
+    Weights become ``bits``-bit integers in blocks of ``block_size`` along the input dimension (one scale,
+    and without ``symmetric`` one zero point, per block and output column); activations stay float and are
+    computed in the type ``accuracy_level`` names. ``algorithm`` names an entry of ``WEIGHT_ALGORITHMS``;
+    ``mixed_precision`` keeps the most sensitive int4 weights at int8 (``MIXED_PRECISION``; those are always
+    round-to-nearest).
+    The LM head (the MatMul that writes ``logits``) is quantized unless ``quantize_lm_head`` is off, token
+    embeddings only with ``quantize_embeddings``; ``fuse_projections`` first joins MatMuls that read the
+    same input (an attention's q/k/v, an MLP's gate/up) into one, so a decoding step runs fewer kernels.
+    """
+
+    weights: str = "int4"
+    block_size: int = 32
+    accuracy_level: int = 4
+    symmetric: bool | None = None  # None: the algorithm's default (rtn, gptq: symmetric; hqq: asymmetric)
+    algorithm: str = "rtn"
+    mixed_precision: str = "auto"  # MIXED_PRECISION
+    quantize_lm_head: bool = True
+    quantize_embeddings: bool = False
+    fuse_projections: bool = True
+    exclude_modules: tuple[str, ...] = ()
+    calibration_data: str | None = None
+    calibration_samples: int = 32
+    tokenizer: str | None = None
+    progress: bool = True
+    seed: int = 0
+    preset_name: str | None = None  # the preset this config started from (recorded)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "weights", _choice("weights", self.weights, WEIGHT_BITS))
+        object.__setattr__(self, "algorithm", _choice("algorithm", self.algorithm, WEIGHT_ALGORITHMS))
+        object.__setattr__(
+            self, "mixed_precision", _choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        )
+        if self.weights == "int8" and self.mixed_precision == "norm_inputs":
+            raise ConfigError(
+                "mixed_precision norm_inputs keeps some int4 weights at int8; with int8 weights every one already is",
+                hint="leave --mixed-precision out, or use --weights int4",
+            )
+        _block_size(self.block_size)
+        if self.accuracy_level not in ACCURACY_LEVELS or isinstance(self.accuracy_level, bool):
+            levels = ", ".join(f"{k} ({v})" for k, v in ACCURACY_LEVELS.items())
+            raise ConfigError(f"accuracy_level must be one of {levels}, got {self.accuracy_level!r}")
+        algo = WEIGHT_ALGORITHMS[self.algorithm]
+        if self.bits not in algo.bits:
+            raise ConfigError(
+                f"algorithm {self.algorithm} quantizes weights to {' or '.join(f'int{b}' for b in algo.bits)}, "
+                f"not {self.weights}",
+                hint="use --algorithm rtn for int8 weights",
+            )
+        if self.symmetric is None:
+            object.__setattr__(self, "symmetric", algo.symmetric[0])
+        elif self.symmetric not in algo.symmetric:
+            kind = "symmetric" if self.symmetric else "asymmetric"
+            raise ConfigError(f"algorithm {self.algorithm} has no {kind} form", hint="leave --symmetric out")
+        if self.quantize_embeddings and not algo.embeddings:
+            raise ConfigError(
+                f"algorithm {self.algorithm} cannot quantize embeddings (ONNX Runtime's GatherBlockQuantized "
+                "takes integer zero points only)",
+                hint="use --algorithm rtn with --quantize-embeddings, or leave it out",
+            )
+        if self.quantize_embeddings and self.bits != 4:
+            raise ConfigError(
+                f"embeddings are quantized to int4 only (ONNX Runtime's GatherBlockQuantized), not {self.weights}",
+                hint="leave --quantize-embeddings out, or use --weights int4",
+            )
+        if self.calibration_data is not None and not algo.calibrated:
+            calibrated = [n for n, a in WEIGHT_ALGORITHMS.items() if a.calibrated]
+            raise ConfigError(
+                f"algorithm {self.algorithm} needs no calibration data",
+                hint=f"leave --calibration-data out, or use --algorithm {' or '.join(calibrated)}",
+            )
+        object.__setattr__(self, "exclude_modules", split_names(self.exclude_modules))
+        if self.preset_name is not None:
+            object.__setattr__(self, "preset_name", _choice("preset", self.preset_name, WEIGHT_PRESETS))
+        check_samples("calibration_samples", self.calibration_samples)
+
+    @property
+    def bits(self) -> int:
+        return WEIGHT_BITS[self.weights]
+
+    @property
+    def mode(self) -> str:
+        """How summaries name this quantization (``weights_int4``)."""
+        return f"weights_{self.weights}"
+
+    @property
+    def calibrated(self) -> bool:
+        return WEIGHT_ALGORITHMS[self.algorithm].calibrated
+
+    @classmethod
+    def preset(cls, name: str, **changes: Any) -> WeightOnlyConfig:
+        """A named preset of ``WEIGHT_PRESETS`` with ``changes``."""
+        key = _choice("weight-only preset", name, WEIGHT_PRESETS)
+        return cls().with_changes(**{**WEIGHT_PRESETS[key], **changes, "preset_name": key})
+
+    def with_changes(self, **changes: Any) -> WeightOnlyConfig:
+        """A copy with ``changes``; another algorithm without ``symmetric`` takes that algorithm's default."""
+        if "algorithm" in changes and "symmetric" not in changes:
+            changes = {**changes, "symmetric": None}
+        return _with_changes(self, "weight-only", changes)
+
+    def record(self) -> dict[str, Any]:
+        """What is written into ``modelexport.quantization`` (settings that shaped the weights)."""
+        data = asdict(self)
+        for key in ("progress", "tokenizer"):
+            data.pop(key)
+        if not self.calibrated:
+            for key in ("calibration_data", "calibration_samples", "seed"):
+                data.pop(key)
+        data["mode"], data["bits"] = "weight_only", self.bits
+        data["exclude_modules"] = list(self.exclude_modules)
+        return data
+
+
+#: Weight-only presets: ``int4`` is onnxruntime-genai's CPU format (RTN, block 32, symmetric, int8
+#: compute, LM head in int4, embeddings float); ``int8`` the same with 8-bit weights; ``int4_hqq`` the
+#: data-free HQQ optimizer (asymmetric, float zero points); ``int4_gptq`` calibrates on data.
+WEIGHT_PRESETS: dict[str, dict[str, Any]] = {
+    "int4": {},
+    "int8": dict(weights="int8"),
+    "int4_hqq": dict(algorithm="hqq"),
+    "int4_gptq": dict(algorithm="gptq"),
+}
+
+
 def _check_fusion_model_type(name: str) -> None:
     """``name`` must be one of ONNX Runtime's transformer-optimizer families (its own ``MODEL_TYPES``)."""
     from onnxruntime.transformers.optimizer import MODEL_TYPES
@@ -251,3 +457,33 @@ def _levels() -> dict[str, OptimizeConfig]:
 
 #: Optimization levels: name -> config (``OptimizeConfig.preset("O2")``).
 OPTIMIZE_PRESETS: dict[str, OptimizeConfig] = _levels()
+
+
+def _flags(names: list[str]) -> str:
+    return ", ".join(f"--{n.replace('_', '-')}" for n in names)
+
+
+def quantize_config(preset: str | None = None, **options: Any) -> QuantizeConfig | WeightOnlyConfig:
+    """The config a ``quantize`` call means, from the options it was given (``None`` values are not given).
+
+    Weight-only (:class:`WeightOnlyConfig`) when ``weights`` is given or ``preset`` names one of
+    ``WEIGHT_PRESETS``; int8 (:class:`QuantizeConfig`) otherwise. An option of the other kind is an error
+    that names it, before any work.
+    """
+    given = {k: v for k, v in options.items() if v is not None}
+    if given.get("weights") is not None or preset in WEIGHT_PRESETS:
+        wrong = sorted(set(given) - {f.name for f in fields(WeightOnlyConfig)})
+        if wrong:
+            raise ConfigError(
+                f"{_flags(wrong)}: int8 quantization options (--mode dynamic|static), not weight-only (--weights)",
+                hint="leave them out; weight-only takes --block-size, --accuracy-level, --symmetric/--asymmetric, "
+                "--algorithm, --quantize-lm-head, --quantize-embeddings",
+            )
+        base = WeightOnlyConfig.preset(preset) if preset else WeightOnlyConfig()
+        return base.with_changes(**given)
+    wrong = sorted(set(given) - {f.name for f in fields(QuantizeConfig)})
+    if wrong:
+        raise ConfigError(
+            f"{_flags(wrong)}: options of weight-only quantization", hint="add --weights int4 (or int8)"
+        )
+    return (QuantizeConfig.preset(preset) if preset else QuantizeConfig()).with_changes(**given)

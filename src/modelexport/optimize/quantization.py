@@ -12,12 +12,16 @@ so a model over protobuf's 2 GB limit is never serialized as one protobuf.
 
 A multi-graph package folder (encoder-decoder) is quantized graph by graph into a new package folder
 (:mod:`.package`), dynamic mode only.
+
+Weight-only quantization (a :class:`~.config.WeightOnlyConfig`: ``quantize --weights int4|int8``) takes the
+same entry point, output rule, sidecar and metadata carry-over and package transform; its passes are in
+:mod:`.weight_only`, and its model is always written with its weights in ``<name>.data`` beside it (ONNX
+Runtime then maps them instead of parsing one protobuf: a faster start and less memory).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import io
 import logging
 import os
@@ -55,13 +59,17 @@ from .config import (
     QUANT_MODES,
     WEIGHT_TYPES,
     QuantizeConfig,
+    WeightOnlyConfig,
     check_samples,
     register_mode,
 )
 from .evaluate import compare_models, module_error_report
+from .modules import excluded_nodes, package_exclusions
 from .package import PackageResult, is_multi_graph, transform_package
+from .prepare import DropShapeHints, PlainMatMul
 from .retag import Retagged, tag_coverage
 from .source import check_sources
+from .weight_only import WEIGHT_ONLY_OPS, calibration_samples, quantize_weights_proto
 
 if TYPE_CHECKING:
     import onnx
@@ -98,8 +106,6 @@ QUANT_OPS = {
 }
 #: Nodes a quantizer inserts (they carry scale/zero-point plumbing, not model compute).
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}
-
-_GEMM_PARTS = ("_MatMul", "_Add", "_Transpose")
 
 
 def _external(model: Path) -> bool:
@@ -216,88 +222,11 @@ class Preprocess:
         return PassResult(model, False, {"notes": notes})
 
 
-@dataclass(frozen=True)
-class DropShapeHints:
-    """A copy without ``value_info`` entries that shadow initializers (the dynamo exporter writes them).
-
-    ONNX Runtime's quantizers transpose Gemm weights; a stale shape hint for the old layout then fails
-    shape inference ("Inferred shape and existing shape differ"). Only hints go: nodes, tags and
-    metadata are untouched, and the input model is never modified.
-    """
-
-    name = "drop_initializer_shape_hints"
-    in_place = False
-
-    def __call__(self, model: onnx.ModelProto) -> PassResult:
-        import onnx
-
-        inits = {t.name for t in model.graph.initializer}
-        keep = [vi for vi in model.graph.value_info if vi.name not in inits]
-        dropped = len(model.graph.value_info) - len(keep)
-        if not dropped:
-            return PassResult(model, False, {"dropped": 0})
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        del copy.graph.value_info[:]
-        copy.graph.value_info.extend(keep)
-        return PassResult(copy, True, {"dropped": dropped})
-
-
-def _tagged_names(model: Any) -> list[tuple[str, str]]:
-    return [(node_tag(n) or "", n.name) for n in model.graph.node]
-
-
-def _hits(tags: list[tuple[str, str]], pattern: str) -> list[str]:
-    """Names of the nodes whose tag is the module ``pattern`` matches or below it."""
-    return [
-        name
-        for tag, name in tags
-        if tag and (fnmatch.fnmatchcase(tag, pattern) or fnmatch.fnmatchcase(tag, pattern + "/*"))
-    ]
-
-
-def _no_module_error(pattern: str, tags: list[tuple[str, str]]) -> ConfigError:
-    known = sorted({t for t, _ in tags if t}, key=len)[:8]
-    return ConfigError(
-        f"--exclude-modules {pattern!r} matches no module; modules look like: {', '.join(known)}",
-        hint="patterns are globs on hierarchy tags, e.g. '*/BertEmbeddings*' or '*LayerNorm*'",
-    )
-
-
-def excluded_nodes(model: Any, patterns: tuple[str, ...]) -> list[str]:
-    """Names of nodes whose tag matches a glob in ``patterns`` (a module and everything below it).
-
-    A pattern that matches no node is an error that lists some of the model's modules.
-    """
-    chosen: list[str] = []
-    tags = _tagged_names(model)
-    for pattern in patterns:
-        hits = _hits(tags, pattern)
-        if not hits:
-            raise _no_module_error(pattern, tags)
-        chosen.extend(h for h in hits if h and h not in chosen)
-    gemms = {n.name for n in model.graph.node if n.op_type == "Gemm"}
-    # ORT's operator-format quantizer rewrites Gemm into <name>_MatMul + <name>_Add before it
-    # applies nodes_to_exclude: exclude those names too, or an excluded Gemm is quantized anyway.
-    return chosen + [f"{g}{suffix}" for g in chosen if g in gemms for suffix in _GEMM_PARTS]
-
-
 def standard_attention_nodes(model: Any) -> list[str]:
     """Names of ONNX's own ``Attention`` nodes (what ``-O2`` makes of a cached attention): ORT's integer
     quantizer takes any ``Attention`` for ``com.microsoft.Attention`` by op type and writes an invalid
     ``QAttention`` for it. The op has no weights, so it stays float (excluded) and loses nothing."""
     return [n.name for n in model.graph.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]
-
-
-def package_exclusions(graphs: dict[str, Path], patterns: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """Per graph file name, the ``--exclude-modules`` patterns that match a module in it (a decoder's module is
-    in the decoders only); a pattern no graph matches is an error."""
-    tags = {file.name: _tagged_names(load_structure(file)) for file in graphs.values()}
-    per = {name: tuple(p for p in patterns if _hits(t, p)) for name, t in tags.items()}
-    for pattern in patterns:
-        if not any(pattern in found for found in per.values()):
-            raise _no_module_error(pattern, [t for graph in tags.values() for t in graph])
-    return per
 
 
 def restore_float_inputs(model: Any, names: list[str], original: Any) -> int:
@@ -342,12 +271,17 @@ def _module_of(tag: str, depth: int) -> str:
 def quantized_per_module(model: Any, depth: int = 3) -> dict[str, int]:
     """Nodes that run quantized, per module (tag cut at ``depth`` segments).
 
-    A node counts when its op is an integer op, or (QDQ format) when a DequantizeLinear feeds it.
+    A node counts when its op is an integer op or a weight-only one (``MatMulNBits``, ``GatherBlockQuantized``),
+    or (QDQ format) when a DequantizeLinear feeds it.
     """
     dq_out = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     counts: Counter[str] = Counter()
     for n in model.graph.node:
-        if n.op_type in QUANT_OPS or (n.op_type not in QDQ_OPS and any(i in dq_out for i in n.input)):
+        if (
+            n.op_type in QUANT_OPS
+            or n.op_type in WEIGHT_ONLY_OPS
+            or (n.op_type not in QDQ_OPS and any(i in dq_out for i in n.input))
+        ):
             tag = node_tag(n) or ""
             counts[_module_of(tag, depth)] += 1
     return dict(sorted(counts.items()))
@@ -359,7 +293,7 @@ class QuantizeResult:
 
     input_path: Path | None
     output_path: Path | None
-    config: QuantizeConfig
+    config: QuantizeConfig | WeightOnlyConfig
     size_before: int
     size_after: int
     nodes_before: int
@@ -404,59 +338,6 @@ class QuantizeResult:
             "passes": [p.to_dict() for p in self.passes],
             "seconds": round(self.seconds, 3),
         }
-
-
-@dataclass(frozen=True)
-class PlainMatMul:
-    """``com.microsoft.FusedMatMul`` on a constant weight back to ``MatMul`` (the weight transposed once).
-
-    ONNX Runtime's graph optimizer (``-O2``) turns ``MatMul(x, Transpose(W))`` into ``FusedMatMul`` with
-    ``transB`` (a tied LM head, for one), and its quantizers only quantize ``MatMul``: such a layer, the
-    largest of a decoder, would stay float. Node names and tags are kept.
-    """
-
-    name = "plain_matmul"
-    in_place = False
-
-    def _candidates(self, model: onnx.ModelProto) -> list[int]:
-        """Indexes of FusedMatMul nodes that are a plain product with an in-file constant weight (a weight
-        left on disk for a model over 2 GB is not read here: that layer stays float)."""
-        from onnx import TensorProto, helper
-
-        inits = {t.name: t for t in model.graph.initializer}
-        plain = {"transA": 0, "transBatchA": 0, "transBatchB": 0, "alpha": 1.0}
-        found = []
-        for k, node in enumerate(model.graph.node):
-            weight = inits.get(node.input[1]) if node.op_type == "FusedMatMul" else None
-            if weight is None or weight.data_location == TensorProto.EXTERNAL or len(weight.dims) != 2:
-                continue
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            if all(attrs.get(key, default) == default for key, default in plain.items()):
-                found.append(k)
-        return found
-
-    def __call__(self, model: onnx.ModelProto) -> PassResult:
-        import onnx
-        from onnx import helper, numpy_helper
-
-        found = self._candidates(model)
-        if not found:
-            return PassResult(model, False, {"unfused": 0})
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        inits = {t.name: t for t in copy.graph.initializer}
-        for k in found:
-            node = copy.graph.node[k]
-            name = node.input[1]
-            if any(a.name == "transB" and a.i for a in node.attribute):
-                weight, name = inits[name], f"{name}_transposed"
-                if name not in inits:
-                    inits[name] = numpy_helper.from_array(numpy_helper.to_array(weight).T.copy(), name)
-                    copy.graph.initializer.append(inits[name])
-            matmul = helper.make_node("MatMul", [node.input[0], name], list(node.output), name=node.name)
-            matmul.metadata_props.extend(node.metadata_props)
-            node.CopyFrom(matmul)
-        return PassResult(copy, True, {"unfused": len(found)})
 
 
 @dataclass(frozen=True)
@@ -543,7 +424,7 @@ def quantize_proto(
 def quantize(
     model_path: str | Path,
     output_path: str | Path,
-    config: QuantizeConfig | None = None,
+    config: QuantizeConfig | WeightOnlyConfig | None = None,
     *,
     samples: SampleSet | None = None,
     eval_data: str | Path | None = None,
@@ -556,14 +437,20 @@ def quantize(
 
     ``output_path`` follows the one output rule (:mod:`modelexport.onnxfile.output`): ``FILE.onnx``, or a
     folder (``model.onnx`` and the package files inside); an existing file is replaced only with
-    ``overwrite``, and only when an earlier run of ours wrote it. ``options`` are :class:`QuantizeConfig`
-    fields. Static mode calibrates on ``samples`` or on ``config.calibration_data``. ``eval_data`` adds
+    ``overwrite``, and only when an earlier run of ours wrote it. ``options`` are fields of ``config``'s class
+    (:class:`QuantizeConfig`; :class:`WeightOnlyConfig` for weight-only int4/int8). Static mode and calibrated
+    weight-only algorithms (gptq) calibrate on ``samples`` or on ``config.calibration_data``. ``eval_data`` adds
     fp32-vs-int8 agreement/accuracy and latency; ``error_report`` adds per-module output errors on the
     calibration (or eval) samples. A multi-graph package folder is quantized graph by graph into the folder
     ``output_path`` (:mod:`.package`).
     """
     cfg = (config or QuantizeConfig()).with_changes(**options) if options else (config or QuantizeConfig())
     check_samples("eval_samples", eval_samples)
+    if isinstance(cfg, WeightOnlyConfig) and cfg.calibrated and samples is None and not cfg.calibration_data:
+        raise ConfigError(
+            f"algorithm {cfg.algorithm} calibrates on data and got none",
+            hint="pass --calibration-data TEXTS.csv (a column of texts), or use --algorithm rtn or hqq",
+        )
     if is_multi_graph(model_path):
         uses_data = samples is not None or bool(cfg.calibration_data or eval_data or error_report)
         return _quantize_package(model_path, output_path, cfg, uses_data, overwrite)
@@ -583,7 +470,7 @@ def quantize(
 def _quantize_file(
     src: Path,
     dst: Path,
-    cfg: QuantizeConfig,
+    cfg: QuantizeConfig | WeightOnlyConfig,
     samples: SampleSet | None = None,
     eval_data: str | Path | None = None,
     eval_samples: int = 200,
@@ -593,11 +480,17 @@ def _quantize_file(
     """Quantize the graph file ``src`` into ``dst`` (in a staging folder), with ``package`` files copied."""
     start = time.perf_counter()
     model = load_onnx(src, external_data=False)  # weights stored as external data stay on disk (> 2 GB)
-    if samples is None and cfg.calibration_data:
+    if samples is None and cfg.calibration_data and isinstance(cfg, WeightOnlyConfig):
+        samples = calibration_samples(cfg.calibration_data, src, cfg)
+    elif samples is None and cfg.calibration_data:
         samples = load_samples(
             cfg.calibration_data, model, src, cfg.calibration_samples, tokenizer=cfg.tokenizer, seed=cfg.seed
         )
-    quantized, facts = quantize_proto(model, cfg, samples, src.parent)
+    if isinstance(cfg, WeightOnlyConfig):
+        load_external_tensors(model, src.parent)  # the quantizer reads every weight it rewrites
+        quantized, facts = quantize_weights_proto(model, cfg, samples)
+    else:
+        quantized, facts = quantize_proto(model, cfg, samples, src.parent)
     result = QuantizeResult(
         src,
         dst,
@@ -616,12 +509,18 @@ def _quantize_file(
         passes=facts["passes"],
     )
     if samples is not None:
-        result.calibration = {"kind": samples.kind, "samples": len(samples), "method": cfg.calibrate_method}
+        method = cfg.algorithm if isinstance(cfg, WeightOnlyConfig) else cfg.calibrate_method
+        result.calibration = {"kind": samples.kind, "samples": len(samples), "method": method}
     if eval_data is not None or error_report:  # the evaluations run the fp32 model from memory
         load_external_tensors(model, src.parent)
     _evaluate(result, model, quantized, samples, eval_data, eval_samples, error_report)
     result.sidecar_path, copied = write_transformed(
-        quantized, src, dst, {"kind": "quantize", **facts["record"]}, package
+        quantized,
+        src,
+        dst,
+        {"kind": "quantize", **facts["record"]},
+        package,
+        external_data=isinstance(cfg, WeightOnlyConfig),
     )
     result.size_after = model_bytes(dst)
     if copied:
@@ -631,11 +530,21 @@ def _quantize_file(
 
 
 def _quantize_package(
-    folder: str | Path, output_dir: str | Path, cfg: QuantizeConfig, uses_data: bool, overwrite: bool
+    folder: str | Path,
+    output_dir: str | Path,
+    cfg: QuantizeConfig | WeightOnlyConfig,
+    uses_data: bool,
+    overwrite: bool,
 ) -> PackageResult:
-    """Every graph of a multi-graph package, dynamic int8, into a new package folder."""
+    """Every graph of a multi-graph package, dynamic int8 or weight-only, into a new package folder."""
     names = ", ".join(p.name for p in package_components(folder).values())
-    if cfg.mode != "dynamic":
+    if isinstance(cfg, WeightOnlyConfig) and cfg.calibrated:
+        raise ConfigError(
+            f"{folder} is a package of graphs ({names}): {cfg.algorithm} calibrates each graph on its own inputs, "
+            "and a decoder's (its past caches, the encoder's output) are not in a dataset",
+            hint="use --algorithm rtn or hqq (no calibration), or quantize one graph file",
+        )
+    if isinstance(cfg, QuantizeConfig) and cfg.mode != "dynamic":
         raise ConfigError(
             f"{folder} is a package of graphs ({names}): static quantization needs calibration feeds for "
             "each graph, and a decoder's (its past caches, the encoder's output) are not in a dataset",

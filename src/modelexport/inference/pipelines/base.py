@@ -81,6 +81,9 @@ class ONNXPipeline:
         self.session_config = session_config or SessionConfig()
         self.policy = self._policy(test_time_policy)
         self._engine: TestTimeEngine | None = None
+        #: Seconds of each load stage (``metadata``, ``session``, ``processor``, ``pipeline``) when made by
+        #: :func:`~.factory.pipeline`.
+        self.load_seconds: dict[str, float] = {}
         #: The pipeline's adaptation stream: a continual policy adapts along everything this pipeline
         #: predicts (one pipeline per independent stream of inputs).
         self.test_time_stream = Stream()

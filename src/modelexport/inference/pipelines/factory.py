@@ -89,16 +89,19 @@ def pipeline(
             else ONNXAutoProcessor.from_sources(sources)
         )
         st["detail"] = type(processor).__name__
-    return PIPELINES[name](
-        session,
-        processor,
-        metadata=metadata,
-        session_info=info,
-        model_path=file,
-        batch_size=batch_size,
-        test_time_policy=test_time_policy,
-        session_config=cfg,
-    )
+    with stages.stage("pipeline"):
+        pipe = PIPELINES[name](
+            session,
+            processor,
+            metadata=metadata,
+            session_info=info,
+            model_path=file,
+            batch_size=batch_size,
+            test_time_policy=test_time_policy,
+            session_config=cfg,
+        )
+    pipe.load_seconds = stages.seconds()
+    return pipe
 
 
 def create_pipeline(

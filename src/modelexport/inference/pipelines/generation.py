@@ -22,7 +22,14 @@ from ...errors import ConfigError, InferenceError, MetadataError
 from ...metadata.schema import KEY_GENERATION
 from .base import ONNXPipeline, register_pipeline
 
-__all__ = ["GenerationSettings", "TextGenerationPipeline", "process_scores", "run_bound", "device_of"]
+__all__ = [
+    "GenerationSettings",
+    "TextGenerationPipeline",
+    "process_scores",
+    "run_bound",
+    "device_of",
+    "position_ids",
+]
 
 _CUDA = "CUDAExecutionProvider"
 #: transformers' GenerationConfig defaults of the options a pipeline may override.
@@ -75,9 +82,13 @@ def process_scores(
     scores: np.ndarray, sequences: np.ndarray, s: GenerationSettings, first: bool = False
 ) -> np.ndarray:
     """transformers' order: suppressed tokens (``first``: the first new token also drops
-    ``begin_suppress_tokens``), repetition penalty, then (sampling only) temperature, top-k, top-p."""
+    ``begin_suppress_tokens``), repetition penalty, then (sampling only) temperature, top-k, top-p.
+    Greedy decoding without suppression or penalty returns the scores as they are (no copy per step)."""
+    suppressed = s.suppress_tokens + (s.begin_suppress_tokens if first else ())
+    if not (suppressed or s.repetition_penalty != 1.0 or s.do_sample):
+        return scores.astype(np.float32, copy=False)
     scores = scores.astype(np.float32, copy=True)
-    _suppress(scores, s.suppress_tokens + (s.begin_suppress_tokens if first else ()))
+    _suppress(scores, suppressed)
     if s.repetition_penalty != 1.0:
         rows = np.arange(len(scores))[:, None]
         seen = scores[rows, sequences]
@@ -96,6 +107,14 @@ def process_scores(
         remove[:, -1] = False  # keep at least one token
         np.put_along_axis(scores, order, np.where(remove, -np.inf, sorted_scores), axis=-1)
     return scores
+
+
+def position_ids(mask: np.ndarray) -> np.ndarray:
+    """Each token's position in a left-padded batch, as transformers' ``generate`` computes it: the count of
+    real tokens before it; padding positions get 1."""
+    pos = np.cumsum(mask, axis=-1) - 1
+    pos[mask == 0] = 1
+    return pos
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -158,23 +177,33 @@ def run_bound(
     values: dict[str, Any],
     cache_outputs: list[str],
     device: str = "cpu",
+    logits: np.ndarray | None = None,
 ) -> tuple[np.ndarray, list[Any]]:
     """One step through IO binding: numpy ``feeds`` and OrtValue ``values`` (a cache, encoder states) in;
-    the first output's last position to numpy, the ``cache_outputs`` kept as OrtValues on ``device``."""
+    the first output's last position to numpy, the ``cache_outputs`` kept as OrtValues on ``device``.
+
+    ``logits``: an empty float32 array of the first output's shape that ONNX Runtime writes into (no
+    allocation by ONNX Runtime and no copy out of it: the prompt's logits are 15 MB for 128 tokens of a
+    30k vocabulary)."""
     try:
         binding = session.io_binding()
         for name, value in feeds.items():
             binding.bind_cpu_input(name, value)
         for name, value in values.items():
             binding.bind_ortvalue_input(name, value)
-        binding.bind_output(session.get_outputs()[0].name, "cpu")
+        first = session.get_outputs()[0].name
+        if logits is None:
+            binding.bind_output(first, "cpu")
+        else:
+            binding.bind_output(first, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         for name in cache_outputs:
             binding.bind_output(name, device)
         session.run_with_iobinding(binding)
         outputs = binding.get_outputs()
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types; re-raised typed
         raise _failed(feeds, exc) from exc
-    return outputs[0].numpy()[:, -1, :], list(outputs[1:])
+    scores = outputs[0].numpy() if logits is None else logits
+    return scores[:, -1, :], list(outputs[1:])
 
 
 @register_pipeline("text-generation")
@@ -188,9 +217,8 @@ class TextGenerationPipeline(ONNXPipeline):
 
     def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
         super().__init__(session, processor, **kwargs)
-        full = getattr(getattr(processor, "tokenizer", None), "full", None)
-        if callable(full):  # decoding, chat templates and padding-side switches need transformers' tokenizer
-            processor.tokenizer = full()
+        # the processor's tokenizer encodes and decodes: FastTokenizer (the tokenizers library alone: no
+        # transformers or torch import, a start in a fraction of a second) where the folder allows it
         self.record: dict[str, Any] = dict(self.metadata.get(KEY_GENERATION) or {})
         self.generation_config = self._generation_config()
         names = [i.name for i in session.get_inputs()]
@@ -198,10 +226,17 @@ class TextGenerationPipeline(ONNXPipeline):
             _Cache(session, self.record) if any(n.startswith("past_key_values.") for n in names) else None
         )
         self.input_names = names
+        self.vocab = self._bound_vocab(session)
+
+    def _bound_vocab(self, session: Any) -> int | None:
+        """The logits' last size when ONNX Runtime can write them into an array of ours (float32, fixed)."""
+        out = session.get_outputs()[0]
+        size = out.shape[-1] if out.shape else None
+        return size if out.type == "tensor(float)" and isinstance(size, int) and len(out.shape) == 3 else None
 
     @property
     def tokenizer(self) -> Any:
-        """transformers' tokenizer: decodes the generated ids."""
+        """The tokenizer that encodes prompts and decodes the generated ids (``FastTokenizer`` or transformers')."""
         return self.processor.tokenizer
 
     # ------------------------------------------------------------------------------------------ config
@@ -280,9 +315,7 @@ class TextGenerationPipeline(ONNXPipeline):
         if "attention_mask" in self.input_names:
             feeds["attention_mask"] = mask
         if "position_ids" in self.input_names:
-            pos = np.cumsum(mask, axis=-1) - 1
-            pos[mask == 0] = 1
-            feeds["position_ids"] = np.ascontiguousarray(pos[:, -new:])
+            feeds["position_ids"] = np.ascontiguousarray(position_ids(mask)[:, -new:])
         return feeds
 
     def _run(self, feeds: dict[str, np.ndarray], past: list[Any] | None) -> tuple[np.ndarray, list[Any]]:
@@ -294,7 +327,9 @@ class TextGenerationPipeline(ONNXPipeline):
                 raise _failed(feeds, exc) from exc
             return logits[:, -1, :], []
         bound = dict(zip(self.cache.in_names, past or [], strict=True))
-        return run_bound(self.session, feeds, bound, self.cache.out_names, self.cache.device)
+        ids = feeds["input_ids"]
+        logits = np.empty((*ids.shape, self.vocab), np.float32) if self.vocab else None
+        return run_bound(self.session, feeds, bound, self.cache.out_names, self.cache.device, logits)
 
     # --------------------------------------------------------------------- decoding steps (subclasses)
     def _begin(self, ids: np.ndarray, mask: np.ndarray, context: Any) -> Any:

@@ -26,6 +26,30 @@ _VERY_LARGE = int(1e30)
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 #: tokenizer_config keys that make a transformers fast tokenizer rebuild its post-processor at load time.
 _TEMPLATE_KEYS = ("add_bos_token", "add_eos_token")
+#: transformers' ``clean_up_tokenization`` (what ``decode`` does after the backend when the config asks).
+_CLEAN_UP = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
+#: Tokenizer classes whose ``clean_up_tokenization_spaces`` defaults to True (transformers 5; every fast class of
+#: 4.57 and ``TokenizersBackend`` default to False): a folder that names one and does not set it decodes in
+#: transformers.
+_CLEAN_UP_BY_DEFAULT = (
+    "BertweetTokenizer",
+    "CTRLTokenizer",
+    "PhobertTokenizer",
+    "PLBartTokenizer",
+    "ProphetNetTokenizer",
+    "TapasTokenizer",
+)
 #: transformers' truncation argument -> the backend's strategy.
 _TRUNCATION: dict[Any, str] = {
     True: "longest_first",
@@ -73,13 +97,17 @@ def _templates(spec: dict[str, Any], config: dict[str, Any]) -> str | None:
 
 
 def _added_tokens(spec: dict[str, Any], config: dict[str, Any]) -> str | None:
-    known = {int(t["id"]): t["content"] for t in spec.get("added_tokens") or []}
+    known = {int(t["id"]): t for t in spec.get("added_tokens") or []}
     vocab = (spec.get("model") or {}).get("vocab")
     for index, token in (config.get("added_tokens_decoder") or {}).items():
         content = _content(token)
         in_vocab = isinstance(vocab, dict) and vocab.get(content) == int(index)
-        if known.get(int(index)) != content and not in_vocab:
+        backend = known.get(int(index))
+        if (backend or {}).get("content") != content and not in_vocab:
             return f"added token {content!r} (id {index}) is not in tokenizer.json"
+        special = token.get("special") if isinstance(token, dict) else None
+        if backend is not None and special is not None and bool(backend.get("special")) != bool(special):
+            return f"added token {content!r} (id {index}) is special in one file only (decoding would differ)"
     return None
 
 
@@ -150,6 +178,16 @@ class FastTokenizer:
         return cls(backend, config, folder)
 
     # ------------------------------------------------------------------------------ special tokens
+    def __setattr__(self, name: str, value: Any) -> None:
+        """``tokenizer.pad_token = "[PAD]"`` sets a special token, as on transformers' tokenizers."""
+        if name in _SPECIAL_NAMES:
+            if value is None:
+                self.special_tokens.pop(name, None)
+            else:
+                self.special_tokens[name] = str(value)
+            return
+        super().__setattr__(name, value)
+
     def __getattr__(self, name: str) -> Any:
         """``cls_token`` / ``cls_token_id`` ... as transformers names them (None when the config has none)."""
         base = name[: -len("_id")] if name.endswith("_id") else name
@@ -179,6 +217,37 @@ class FastTokenizer:
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         decoder = self.backend.decoder
         return decoder.decode(tokens) if decoder is not None else " ".join(tokens)
+
+    # ------------------------------------------------------------------------------------ decoding
+    @property
+    def clean_up_tokenization_spaces(self) -> bool:
+        return bool(self.config.get("clean_up_tokenization_spaces", False))
+
+    def _decode_uncovered(self) -> str | None:
+        """Why transformers' own ``decode`` is needed for this folder (None: the backend's is the same)."""
+        named = str(self.config.get("tokenizer_class") or "").removesuffix("Fast")
+        if "clean_up_tokenization_spaces" not in self.config and named in _CLEAN_UP_BY_DEFAULT:
+            return f"{named} cleans up tokenization spaces by default"
+        if self.clean_up_tokenization_spaces and type(self.backend.model).__name__ == "BPE":
+            return "transformers 5 skips clean_up_tokenization_spaces for BPE tokenizers, 4 applies it"
+        return None
+
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
+        """Text of one sequence of ids, as transformers' fast tokenizers decode: the backend's decoder, then the
+        clean-up of spaces before punctuation where the config asks for it."""
+        ids = [int(i) for i in (token_ids if hasattr(token_ids, "__iter__") else [token_ids])]
+        reason = self._decode_uncovered()
+        if reason is not None:
+            log.debug("%s: %s; decoding with transformers' tokenizer", self.folder, reason)
+            return str(self.full().decode(ids, skip_special_tokens=skip_special_tokens))
+        text = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        if self.clean_up_tokenization_spaces:
+            for before, after in _CLEAN_UP:
+                text = text.replace(before, after)
+        return text
+
+    def batch_decode(self, sequences: Any, skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
 
     # ------------------------------------------------------------------------------------ encoding
     def _configure(self, padding: Any, truncation: Any, max_length: int | None, pairs: bool) -> None:
