@@ -319,8 +319,8 @@ def optimize_model(
             model_path, output_path, "optimize", lambda s, d: _optimize_file(s, d, cfg), overwrite=overwrite
         )
     src = resolve_model_path(model_path)
-    check_sources([src])
     plan = transform_plan(src, output_path, inputs=(model_path,), overwrite=overwrite)
+    check_sources([src])  # after the output's refusal (which reads no input), before any work
     with staged_output(plan) as stage:
         result = _optimize_file(src, stage.path / plan.name, cfg, plan.package)
     result.output_path = plan.path

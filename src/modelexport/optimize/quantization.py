@@ -455,9 +455,9 @@ def quantize(
         uses_data = samples is not None or bool(cfg.calibration_data or eval_data or error_report)
         return _quantize_package(model_path, output_path, cfg, uses_data, overwrite)
     src = resolve_model_path(model_path)
-    check_sources([src])
     inputs = (model_path, cfg.calibration_data, eval_data)
     plan = transform_plan(src, output_path, inputs=inputs, overwrite=overwrite)
+    check_sources([src])  # after the output's refusal (which reads no input), before any work
     with staged_output(plan) as stage:
         result = _quantize_file(
             src, stage.path / plan.name, cfg, samples, eval_data, eval_samples, error_report, plan.package
