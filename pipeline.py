@@ -19,4 +19,4 @@ except ImportError:  # running from a checkout without `pip install -e .`
 __all__ = ["main"]
 
 if __name__ == "__main__":
-    sys.exit(main(["pipeline", *sys.argv[1:]]))
+    sys.exit(main(["pipeline", *sys.argv[1:]], prog_name=f"python {Path(sys.argv[0]).name}"))

@@ -69,7 +69,16 @@ def test_report_values_are_measured(run: Any) -> None:
     assert r["inference"]["latency_ms_p95"] >= r["inference"]["latency_ms_p50"] > 0
     t = r["test_time"]
     assert t["val_accuracy_with_policy"] >= t["val_accuracy_plain"]
-    assert r["config"]["model_type"] == "image_classifier" and r["config"]["tta"] and r["config"]["ttt"]
+    assert r["config"]["model_type"] == "image_classifier"
+    assert r["config"]["tta"] is None and r["config"]["ttt"] is None  # left open: the search decided
+    assert all(
+        e["source"].startswith("chosen by search: ")
+        for n, e in t["settings"].items()
+        if n not in ("learning_rate", "iterative", "ttt_iterations")
+    )
+    assert t["settings"]["ttt_iterations"]["source"].startswith(("chosen by search: ", "default: "))
+    trials = run.details["policy_search"]["trials"]
+    assert any(c["ensemble"] for c in trials)  # the fp32 + int8 ensemble was tried
 
 
 @pytest.mark.must
@@ -246,7 +255,10 @@ def test_config_paths() -> None:
     assert file.package_dir == Path("runs/y") and file.quantized_file == Path("runs/y/clf_static.onnx")
     assert PipelineConfig(quantize="none").quantized_file is None
     text = PipelineConfig(model_type="text_classifier", dataset_path="sklearn:digits")
-    assert (text.tta, text.ttt, text.learning_rate, text.epochs) == (False, False, 1e-4, 1)
+    assert (text.tta, text.ttt, text.learning_rate, text.epochs) == (None, None, 1e-4, 1)
+    assert not text.search_space().ttt  # no BatchNorm: no adaptation candidate
+    fixed = PipelineConfig(model_type="text_classifier", dataset_path="sklearn:digits", optimize_policy=False)
+    assert (fixed.tta, fixed.ttt) == (False, False)  # no search: the model type's defaults
 
 
 @pytest.mark.smoke

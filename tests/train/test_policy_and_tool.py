@@ -22,7 +22,7 @@ def searched(deployed_digits: tuple[Any, Path], digits_splits: Any) -> tuple[Any
     program, onnx_path = deployed_digits
     _, val, _ = digits_splits
     program.deploy(onnx_path)
-    space = PolicySearchSpace(tta_transforms=("identity", "scale"), ttt=True, ttt_iterations=2)
+    space = PolicySearchSpace(tta_transforms=("identity", "scale"), ttt=True)  # bn: the memory statistics
     optimizer = TestTimePolicyOptimizer(space)
     optimizer.compile(program, trainset=to_examples(val))
     return program, optimizer

@@ -8,6 +8,7 @@ import os
 import sys
 import traceback
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -168,11 +169,38 @@ def _report(exc: BaseException) -> int:
     return EXIT_CODES["error"] if known else EXIT_CODES["unexpected"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code (the console script exits with it)."""
-    _STATE["debug"] = "--debug" in (argv if argv is not None else sys.argv[1:])
+def main(argv: list[str] | None = None, *, prog_name: str | None = None) -> int:
+    """Run the CLI and return its exit code (the console script exits with it).
+
+    ``prog_name`` runs ``argv[0]``'s command on its own under that name (``python pipeline.py``): its usage
+    line and help name what the user typed, with the same checks, logging and error messages."""
+    args = list(argv if argv is not None else sys.argv[1:])
+    _STATE["debug"] = "--debug" in args
+    if prog_name is not None:
+        return _run(lambda: _standalone(args[0], args[1:], prog_name))
+    return _run(lambda: cli.main(args=args, prog_name="modelexport", standalone_mode=False))
+
+
+def _standalone(name: str, args: list[str], prog_name: str) -> Any:
+    """One command of the group run by itself (what ``cli`` does before a subcommand, then the command)."""
+    ctx = click.Context(cli, info_name="modelexport")
+    command = cli.get_command(ctx, name)
+    assert command is not None, name
+    _STATE["command"] = name
+    _STATE["options"] = {o for p in command.params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+    setup_logging(logging.WARNING, bool(_STATE["debug"]), onnxruntime=name not in _NO_ORT)
+    return command.main(
+        args=args,
+        prog_name=prog_name,
+        standalone_mode=False,
+        help_option_names=["-h", "--help"],
+        max_content_width=MAX_COLUMNS,
+    )
+
+
+def _run(invoke: Callable[[], Any]) -> int:
     try:
-        rv = cli.main(args=argv, prog_name="modelexport", standalone_mode=False)
+        rv = invoke()
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return EXIT_CODES["interrupted"]

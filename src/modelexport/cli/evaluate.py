@@ -8,7 +8,8 @@ from typing import Any
 import click
 
 from ..batch.evaluate import evaluate_batch
-from ..inference.evaluate import evaluate
+from ..errors import ConfigError
+from ..inference.evaluate import LOOPS, Iteration, evaluate
 from ..testtime.policy import STATISTICS, TestTimePolicy
 from .display import echo, progress
 from .options import ray_engine_options
@@ -25,6 +26,11 @@ def _table(result: Any) -> str:
             f"{name:18} {r.accuracy:9.4f} {r.latency_ms_p50:9.2f} {r.latency_ms_p95:9.2f} {r.throughput_per_s:9.1f} {r.n_views:6d}"
         )
     p = result.policy
+    if result.extra.get("iterate"):
+        x = result.extra
+        lines.append(f"iterative: up to {x['iterate']} steps, feedback {x['feedback']}, {x['loop']} loop")
+    if result.ensemble:
+        lines.append(f"ensemble: {result.model} + {', '.join(result.ensemble)} (probabilities averaged)")
     lines.append(
         f"model {result.model}: n={result.n}, batch size {result.batch_size}, provider {result.provider}; "
         f"tta={','.join(p['tta_transforms']) or '-'} ({p['tta_aggregate']}), ttt={p['ttt']}, mc_dropout={p['mc_dropout']}"
@@ -183,6 +189,35 @@ def _table(result: Any) -> str:
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed for random TTA transforms and MC dropout."
 )
+@click.option(
+    "--ensemble",
+    "ensemble",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Another model (repeatable; e.g. MODEL's int8 twin model_dynamic.onnx) whose probabilities are "
+    "averaged with MODEL's, each under the same policy.",
+)
+@click.option(
+    "--iterate",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Iterative inference: up to N steps, each step's --feedback outputs fed back as inputs (which start "
+    "at the data's values, or zeros); the first fed-back output is the prediction.",
+)
+@click.option("--feedback", default="", help="--iterate: OUTPUT:INPUT pairs, comma separated (logits:prev).")
+@click.option(
+    "--loop",
+    type=click.Choice(list(LOOPS)),
+    default="external",
+    show_default=True,
+    help="--iterate: one session run per step (external), or every step in one ONNX Loop (onnx).",
+)
+@click.option(
+    "--tol",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="--iterate: stop when the largest change of a fed-back value is below this.",
+)
 @click.option("--baseline", is_flag=True, help="Also measure the plain model.")
 @ray_engine_options(
     "local: this process; ray: Ray actors, the policy applied inside each (needs "
@@ -222,6 +257,11 @@ def evaluate_cmd(
     mc_dropout: int,
     batch_size: int,
     seed: int,
+    ensemble: tuple[str, ...],
+    iterate: int | None,
+    feedback: str,
+    loop: str,
+    tol: float | None,
     baseline: bool,
     engine: str,
     num_workers: int,
@@ -255,6 +295,9 @@ def evaluate_cmd(
         seed=seed,
     )
     ep = [p for p in (providers or "").split(",") if p]
+    iteration = Iteration.parse(iterate, feedback, loop, tol) if iterate is not None else None
+    if iteration is None and (feedback or tol is not None or loop != "external"):
+        raise ConfigError("--feedback, --loop and --tol need --iterate N")
     if engine == "local":
         if num_workers != 1 or address:
             raise click.UsageError("--num-workers and --address need --engine ray")
@@ -267,8 +310,14 @@ def evaluate_cmd(
                 baseline=baseline,
                 order=order,
                 providers=ep,
+                ensemble=ensemble,
+                iteration=iteration,
             )
     else:
+        if ensemble or iteration:
+            raise ConfigError(
+                "--ensemble and --iterate run with --engine local", hint="drop --engine ray, or those options"
+            )
         with progress(f"evaluate {model} on {data} (Ray)", spinner=False):
             result = evaluate_batch(
                 model,

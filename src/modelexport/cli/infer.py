@@ -19,7 +19,12 @@ from ..errors import ConfigError
 from ..inference import pipeline
 from ..inference.pipelines.seq2seq import SPEECH_DECODER_TASKS, SpeechRecognitionPipeline
 from ..inference.pipelines.vlm import check_images, is_vision_text_package, pair_inputs
+from ..metadata import read_metadata
+from ..metadata.schema import KEY_TEST_TIME_POLICY
 from ..metadata.tasks import normalize_task
+from ..onnxfile import resolve_model_path
+from ..testtime.iterative import LOOPS, Iteration
+from ..testtime.policy import TestTimePolicy
 from .display import WrappedStream, echo, progress
 from .options import overwrite_option, ray_engine_options
 
@@ -324,6 +329,35 @@ def _check_generation_options(
     default=None,
     help="Labels per input for classification tasks; for text generation, sample from the k best tokens.",
 )
+@click.option(
+    "--mc-dropout",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Classifiers: MC-dropout passes per input, added to the embedded test-time policy (0: off; needs an "
+    "export with --keep-dropout).",
+)
+@click.option(
+    "--ensemble",
+    "ensemble",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Classifiers: another model (repeatable; e.g. the int8 twin) whose probabilities are averaged with "
+    "MODEL's.",
+)
+@click.option(
+    "--iterate",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Classifiers: iterative inference, up to N steps feeding --feedback outputs back (from zeros).",
+)
+@click.option("--feedback", default="", help="--iterate: OUTPUT:INPUT pairs, comma separated.")
+@click.option(
+    "--loop",
+    type=click.Choice(list(LOOPS)),
+    default="external",
+    show_default=True,
+    help="--iterate: one run per step (external) or one ONNX Loop (onnx).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print predictions and timing as JSON.")
 @_batch_options
 @_generation_options
@@ -338,6 +372,11 @@ def infer_cmd(
     providers: str | None,
     batch_size: int | None,
     top_k: int | None,
+    mc_dropout: int | None,
+    ensemble: tuple[str, ...],
+    iterate: int | None,
+    feedback: str,
+    loop: str,
     as_json: bool,
     **options: Any,
 ) -> int:
@@ -350,7 +389,15 @@ def infer_cmd(
     batch = options
     _batch_only(batch, bool(texts or images or audio or question))
     task, prompt = _speech_options(task, language)
+    policy = _test_time_policy(model, mc_dropout)
+    iteration = Iteration.parse(iterate, feedback, loop) if iterate is not None else None
+    if iteration is None and (feedback or loop != "external"):
+        raise ConfigError("--feedback and --loop need --iterate N")
     if batch["data"] is not None:
+        if mc_dropout is not None or ensemble or iteration:
+            raise ConfigError(
+                "--mc-dropout, --ensemble and --iterate apply to --text/--image inputs, not --data"
+            )
         if prompt:
             raise ConfigError(
                 "--language and --task transcribe|translate apply to --audio inputs, not --data"
@@ -367,7 +414,13 @@ def infer_cmd(
     kwargs.update({k: v for k, v in generation.items() if v is not None})
     start = time.perf_counter()
     with progress(f"infer {model}: loading"):
-        pipe = pipeline(task, model, providers=providers, batch_size=batch_size)
+        pipe = pipeline(task, model, providers=providers, batch_size=batch_size, test_time_policy=policy)
+    if ensemble or iteration:
+        if not hasattr(pipe, "feed_probabilities"):
+            raise ConfigError(
+                f"--ensemble and --iterate are for classifiers; this model's task is {pipe.task}"
+            )
+        pipe.configure_test_time(ensemble, iteration)
     load_ms = (time.perf_counter() - start) * 1000
     _check_modality(pipe, kind, question)
     _check_speech_options(pipe, prompt)
@@ -411,6 +464,15 @@ def infer_cmd(
     )
     echo("\n".join(lines), more="--json", wrap=False)
     return 0
+
+
+def _test_time_policy(model: str, mc_dropout: int | None) -> TestTimePolicy | None:
+    """The embedded test-time policy with ``--mc-dropout`` passes (None: the embedded one as it is)."""
+    if mc_dropout is None:
+        return None
+    stored = read_metadata(resolve_model_path(model)).get(KEY_TEST_TIME_POLICY)
+    base = TestTimePolicy.from_dict(dict(stored)) if stored else TestTimePolicy()
+    return base.with_changes(mc_dropout=mc_dropout)
 
 
 def _item(item: Any) -> str:

@@ -13,12 +13,33 @@ from typing import Any
 import click
 
 from ..train.networks import NETWORKS
+from ..train.settings import DEFAULT_MC_PASSES, ENSEMBLES, FALSE_WORDS, TRUE_WORDS, TTT_METHODS
 from .display import columns
 from .options import overwrite_option
 
 __all__ = ["pipeline_cmd"]
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+class _TTTValue(click.ParamType):
+    """``--ttt``: a boolean word (true/false, yes/no, 1/0) or a method name (bn, tent, sar)."""
+
+    name = "true|false|bn|tent|sar"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        word = str(value).strip().lower()
+        if word in TRUE_WORDS | FALSE_WORDS or word in TTT_METHODS:
+            return word
+        self.fail(f"{value!r} is not valid; valid: true, false, {', '.join(TTT_METHODS)}", param, ctx)
+
+
+TTT = _TTTValue()
+
+
+def _defaults(name: str) -> str:
+    """A per-model-type default as --help prints it, from the registry the run reads."""
+    return ", ".join(f"{spec.defaults[name]:g} {n}" for n, spec in sorted(NETWORKS.items()))
 
 
 def _opt(name: str, **kwargs: Any) -> Any:
@@ -52,27 +73,52 @@ def _opt(name: str, **kwargs: Any) -> Any:
 @_opt(
     "tta",
     type=click.BOOL,
+    is_flag=False,
+    flag_value=True,
     default=None,
-    help="Test-time augmentation true|false [default: on for images, off for text].",
+    help="Test-time augmentation true|false (a bare --tta: true) [default: the policy search decides].",
 )
 @_opt(
     "tta_transforms",
     default=None,
-    help="Comma list of TTA transforms (default: search the modality's standard sets).",
+    help="Comma list of TTA transforms (flip = hflip, rotate = rot90 for images); implies --tta "
+    "[default: the search tries the model type's standard sets].",
 )
 @_opt(
     "tta_aggregate",
     default=None,
     help="How TTA views are merged: mean, mean_logits, geometric_mean, max, median, vote, "
-    "tsharpen (default: search mean and geometric_mean).",
+    "tsharpen [default: the search tries mean and geometric_mean].",
 )
 @_opt(
     "ttt",
-    type=click.BOOL,
+    type=TTT,
+    is_flag=False,
+    flag_value="true",
     default=None,
-    help="Test-time training (BN adaptation) true|false [default: on when the network has BatchNorm].",
+    help="Test-time training: true|false or the method, bn (BatchNorm statistics), tent or sar (entropy "
+    "minimisation); a bare --ttt: true, which is bn [default: the search decides (bn) where the network has "
+    "BatchNorm].",
 )
-@_opt("ttt_iterations", type=int, default=1, show_default=True, help="BN adaptation iterations per batch.")
+@_opt(
+    "ttt_iterations",
+    type=int,
+    default=None,
+    help="TTT iterations per batch: tent/sar gradient steps at --learning_rate; bn passes of the batch's own "
+    "statistics (1: the robust memory statistics) [default: 1].",
+)
+@_opt(
+    "mc_dropout",
+    type=int,
+    default=None,
+    help=f"MC-dropout passes per batch, 0 off [default: the search tries {DEFAULT_MC_PASSES}].",
+)
+@_opt(
+    "ensemble",
+    type=click.Choice(list(ENSEMBLES)),
+    default=None,
+    help="int8: average the model with its int8 twin (needs --quantize) [default: the search decides].",
+)
 @_opt(
     "quantize",
     type=click.Choice(["none", "dynamic", "static"]),
@@ -87,14 +133,22 @@ def _opt(name: str, **kwargs: Any) -> Any:
     help="Execution provider(s), a comma list in fallback order (cpu, cuda, tensorrt...).",
 )
 @_opt(
-    "batch_size", type=int, default=None, help="Training and inference batch size [default: per model type]."
+    "batch_size",
+    type=int,
+    default=None,
+    help=f"Training and inference batch size [default: {_defaults('batch_size')}].",
 )
-@_opt("learning_rate", type=float, default=None, help="AdamW learning rate [default: 1e-4 text, 3e-3 image].")
+@_opt(
+    "learning_rate",
+    type=float,
+    default=None,
+    help=f"AdamW learning rate, also Tent's/SAR's at test time [default: {_defaults('learning_rate')}].",
+)
 @_opt(
     "epochs",
     type=int,
     default=None,
-    help="Maximum epochs (early stopping on validation accuracy) [default: 1 text, 10 image].",
+    help=f"Maximum epochs (early stopping on validation accuracy) [default: {_defaults('epochs')}].",
 )
 @_opt(
     "log_level",
@@ -128,9 +182,12 @@ def _opt(name: str, **kwargs: Any) -> Any:
 @_opt(
     "optimize_policy",
     type=click.BOOL,
+    is_flag=False,
+    flag_value=True,
     default=True,
     show_default=True,
-    help="Search the test-time policy on the validation set (false: apply the TTA/TTT options as given).",
+    help="Search the test-time settings left open on the validation set (what you set always runs); false: "
+    "open settings take the model type's default.",
 )
 @_opt("report", default=None, help="Report JSON path [default: pipeline_report.json beside the model].")
 @overwrite_option(

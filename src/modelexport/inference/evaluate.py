@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -21,12 +22,16 @@ from ..data import Dataset, load_dataset
 from ..errors import DatasetError, TestTimeError
 from ..onnxfile import resolve_model_path
 from ..testtime.engine import TestTimeEngine
+from ..testtime.ensemble import merge_probabilities
+from ..testtime.iterative import LOOPS, Iteration
 from ..testtime.policy import TestTimePolicy
 from ..testtime.streams import Stream, StreamOrder, stream_order
 from .feeds import check_modality, dataset_samples
 from .processors import BaseONNXProcessor, ONNXAutoProcessor
 
 __all__ = [
+    "Iteration",
+    "LOOPS",
     "EvaluationResult",
     "evaluate",
     "BatchMeasure",
@@ -65,6 +70,8 @@ class EvaluationResult:
     provider: str = ""
     #: The .onnx file that ran (a package folder resolves to its deployed model).
     model: str = ""
+    #: The other models of an ensemble (probabilities averaged with the model's); empty: the model alone.
+    ensemble: list[str] = field(default_factory=list)
     baseline: EvaluationResult | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -125,25 +132,57 @@ class BatchMeter:
     """Runs batches through one engine on one stream and measures each (the first call warms the session
     up on its own stream, untimed)."""
 
-    def __init__(self, engine: TestTimeEngine, processor: Any, num_classes: int | None) -> None:
+    def __init__(
+        self,
+        engine: TestTimeEngine,
+        processor: Any,
+        num_classes: int | None,
+        members: Sequence[TestTimeEngine] = (),
+        iteration: Iteration | None = None,
+    ) -> None:
+        """``members``: an ensemble's other models (each with its own stream), averaged with ``engine``;
+        ``iteration``: iterative inference of every batch."""
         self.engine, self.processor, self.num_classes = engine, processor, num_classes
+        self.members = list(members)
+        self.iteration = iteration
         self.stream: Stream | None = None
+        self.member_streams: list[Stream] = []
 
-    def _one(self, item: Any, stream: Stream) -> Any:
-        engine = self.engine
+    def _one(self, item: Any, stream: Stream, engine: TestTimeEngine | None = None) -> Any:
+        engine = engine or self.engine
         if isinstance(item, list):  # texts: TTA augments the strings, then tokenizes
             if engine.policy.tta_transforms:
                 return engine.predict_texts(item, self.processor)
-            return engine.run(_select(self.processor(texts=item), engine), stream)
+            item = self.processor(texts=item)
+        if self.iteration is not None:
+            return self.iteration.run(engine, _select(item, engine), stream)
         return engine.run(_select(item, engine), stream)
+
+    def _all(self, item: Any) -> Any:
+        """The model's result; with an ensemble, its probabilities merged with every member's."""
+        assert self.stream is not None
+        result = self._one(item, self.stream)
+        if not self.members:
+            return result
+        probs = [result if isinstance(result, np.ndarray) else result.probs]
+        for member, stream in zip(self.members, self.member_streams, strict=True):
+            out = self._one(item, stream, member)
+            probs.append(out if isinstance(out, np.ndarray) else out.probs)
+        merged = merge_probabilities(probs)
+        if isinstance(result, np.ndarray):
+            return merged
+        result.probs = merged
+        return result
 
     def measure(self, item: Any, labels: np.ndarray) -> BatchMeasure:
         if self.stream is None:
-            self._one(item, self.engine.new_stream())  # warm-up (session allocation)
+            for engine in (self.engine, *self.members):
+                self._one(item, engine.new_stream(), engine)  # warm-up (session allocation)
             self.stream = self.engine.new_stream()  # all later batches: one stream (continual policies)
+            self.member_streams = [m.new_stream() for m in self.members]
         resets, fallbacks = self.stream.resets, self.stream.fallbacks
         start = time.perf_counter()
-        result = self._one(item, self.stream)
+        result = self._all(item)
         seconds = time.perf_counter() - start
         probs = result if isinstance(result, np.ndarray) else result.probs
         if probs.ndim != 2:
@@ -216,12 +255,22 @@ def evaluate(
     torch_model: Any = None,
     order: str | StreamOrder = "as-is",
     stream: bool = False,
+    ensemble: Sequence[str | os.PathLike[str]] = (),
+    iteration: Iteration | None = None,
 ) -> EvaluationResult:
     """Accuracy, latency p50/p95 per batch and throughput of ``policy`` on ``data`` (a path, spec or Dataset).
 
     ``order``: the stream order of the examples (seeded by the policy's seed); ``stream``: adapt continually
-    across the batches (the policy's ``episodic`` is set False) instead of resetting per batch.
+    across the batches (the policy's ``episodic`` is set False) instead of resetting per batch;
+    ``ensemble``: other models (e.g. the int8 twin) whose probabilities are averaged with the model's, each
+    with the same policy (the baseline is the model alone, plain); ``iteration``: iterative inference (the
+    external loop or the ONNX ``Loop``; plain policy).
     """
+    if iteration is not None and not (policy or TestTimePolicy()).is_plain:
+        raise TestTimeError(
+            "iterative inference runs the model as it is: give it with no TTA, adaptation or MC dropout",
+            hint="drop --tta-transforms/--ttt/--mc-dropout, or --iterate",
+        )
     if batch_size < 1:
         raise TestTimeError(f"batch_size must be >= 1, got {batch_size}")
     policy = policy or TestTimePolicy()
@@ -229,17 +278,20 @@ def evaluate(
         policy = policy.with_changes(episodic=False)
     order = stream_order(order, policy.seed)
     path = resolve_model_path(model)
+    others = [resolve_model_path(m) for m in ensemble]
     dataset = ordered(data, order)
     runs = [(policy, torch_model)] + ([(TestTimePolicy(), None)] if baseline else [])
     results: list[EvaluationResult] = []
     stages = StageLog(logger=log)
     for pol, tm in runs:
         with stages.stage("load", "baseline" if pol.is_plain else "policy"):
-            engine = TestTimeEngine(path, pol, providers, torch_model=tm)
+            main = pol is policy
+            model_in = iteration.model(path) if iteration is not None and main else path
+            engine = TestTimeEngine(model_in, pol, providers, torch_model=tm)
+            members = [TestTimeEngine(m, pol, providers) for m in others] if main else []
             sources = ONNXAutoProcessor.sources(path)
-            meter = BatchMeter(
-                engine, eval_processor(dataset.kind, sources, dataset.source), dataset.num_classes
-            )
+            processor = eval_processor(dataset.kind, sources, dataset.source)
+            meter = BatchMeter(engine, processor, dataset.num_classes, members, iteration if main else None)
         with stages.stage("run", f"{len(dataset)} examples, batch {batch_size}") as st:
             measured = summarize([meter.measure(*b) for b in prepare_batches(dataset, sources, batch_size)])
             st["detail"] = f"accuracy {measured.get('accuracy')}"
@@ -251,9 +303,22 @@ def evaluate(
                 stream=pol.continual,
                 provider=engine.session_info.provider,
                 model=str(path),
+                ensemble=[str(m) for m in others] if pol is policy else [],
+                extra=_iteration_extra(iteration) if pol is policy else {},
                 **measured,
             )
         )
     if baseline:
         return replace(results[0], baseline=results[1])
     return results[0]
+
+
+def _iteration_extra(iteration: Iteration | None) -> dict[str, Any]:
+    if iteration is None:
+        return {}
+    return {
+        "iterate": iteration.steps,
+        "feedback": dict(iteration.feedback),
+        "loop": iteration.loop,
+        "tol": iteration.tol,
+    }

@@ -35,6 +35,7 @@ __all__ = [
     "KEY_OUTPUTS",
     "KEY_QUANTIZATION",
     "KEY_TEST_TIME_POLICY",
+    "KEY_TEST_TIME_ENSEMBLE",
     "KEY_GENERATION",
     "KEY_EMBEDDING",
     "KEY_ENCODING",
@@ -65,6 +66,9 @@ KEY_INPUTS = "modelexport.inputs"
 KEY_OUTPUTS = "modelexport.outputs"
 KEY_QUANTIZATION = "modelexport.quantization"
 KEY_TEST_TIME_POLICY = "modelexport.test_time_policy"
+#: ``{"members": [file names beside the model]}``: the models whose probabilities are averaged with this one's
+#: (the pipeline's ``--ensemble int8``: the int8 model and its fp32 twin); pipelines apply it like the policy.
+KEY_TEST_TIME_ENSEMBLE = "modelexport.test_time_ensemble"
 #: Generation graphs (``*-with-past``): cache layout and names, generation config (export/generation.py).
 KEY_GENERATION = "modelexport.generation"
 #: Sentence-embedding graphs (a sentence-transformers folder): pooling, normalize, the output to return.
@@ -82,6 +86,7 @@ VALUE_CHECKS: dict[str, Callable[[Any, str], None]] = {
     KEY_INPUTS: fields.tensor_specs,
     KEY_OUTPUTS: fields.tensor_specs,
     KEY_TEST_TIME_POLICY: fields.json_object,
+    KEY_TEST_TIME_ENSEMBLE: fields.json_object,
     KEY_QUANTIZATION: fields.json_object,
     KEY_EXPORT_CONFIG: fields.json_object,
     KEY_EMBEDDING: fields.json_object,

@@ -20,8 +20,10 @@ file: its sidecar, its external data and the package files it needs (config, pro
   its own in the folder's manifest (``export_metadata.json``: ``written``, and an export's file lists) are
   replaced; any other file never is (in a named folder, a file under our default name is not the user's to
   give away: only a record makes it replaceable);
-- package files beside a model file in a folder that holds other files (a bare ``NAME.onnx`` in a working
-  directory): they would be scattered among the user's files; name a folder for the package instead.
+- package files beside a model file in a folder that holds other files than the run's inputs (a bare
+  ``NAME.onnx`` in a working directory): they would be scattered among the user's files; name a folder for
+  the package instead. The run's own dataset there is no obstacle (the specification's
+  ``--dataset_path train_data.csv --output_model classifier.onnx``).
 
 A package folder always gets a record of its files (a manifest, or an export's own sidecar). Written with
 ``overwrite`` it replaces the earlier package there: the files it recorded that the new run does not write
@@ -255,6 +257,12 @@ def _refuse_inputs(path: Path, names: set[str], inputs: frozenset[Path], package
         )
 
 
+def _others(folder: Path, names: set[str], inputs: frozenset[Path]) -> list[str]:
+    """The user's files in ``folder`` a package would be scattered among: every file but the run's own
+    inputs (``python pipeline.py --dataset_path train.csv --output_model clf.onnx`` beside its data)."""
+    return sorted(n for n in names if (folder / n).is_file() and (folder / n).resolve() not in inputs)
+
+
 def _refuse_scatter(path: Path, package: Iterable[str], others: list[str]) -> None:
     raise OutputExistsError(
         f"refusing to write {path.name} with its package files ({', '.join(sorted(package))}) into "
@@ -331,7 +339,7 @@ def plan_output(
     present = _entries(folder)
     recorded = recorded_files(folder) & present
     conflicts = _conflicts(folder, present, recorded, own | set(package), whole)
-    others = sorted(n for n in present - recorded - own if (folder / n).is_file())
+    others = _others(folder, present - recorded - own, ins)
     if package and not is_folder and others:
         _refuse_scatter(path, package, others)
     if conflicts and not overwrite:
@@ -405,7 +413,7 @@ def _check_commit(plan: OutputPlan, names: list[str]) -> None:
     own = set(own_files(plan.name))
     extra = sorted(set(names) - own)
     if extra and not plan.package_ok:
-        others = sorted(n for n in present - plan.recorded - own if (plan.folder / n).is_file())
+        others = _others(plan.folder, present - plan.recorded - own, plan.inputs)
         _refuse_scatter(plan.path, extra, others)
 
 

@@ -7,9 +7,11 @@ attempt is recorded so callers can report what ran where.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,8 @@ __all__ = [
     "check_providers",
     "load_reason",
     "set_log_severity",
+    "warn_unavailable",
+    "fallback_said_once",
 ]
 
 log = logging.getLogger(__name__)
@@ -120,6 +124,38 @@ def check_providers(requested: list[str] | str | None) -> tuple[str, ...]:
     """The canonical names of ``requested`` (``"cuda,cpu"``); an unknown name is a ConfigError naming the
     closest valid one. Nothing is loaded: commands check ``--ep`` with this before any work."""
     return tuple(_canonical(p) for p in split_names(requested))
+
+
+#: Inside :func:`fallback_said_once`: the missing-provider sets already said (None: every session says it).
+_WARNED: set[tuple[str, ...]] | None = None
+
+
+@contextlib.contextmanager
+def fallback_said_once(said: list[str] | None = None) -> Iterator[None]:
+    """Within the block, a run that builds many sessions (a pipeline and its policy search) says each set of
+    missing providers once; ``said``: a set the caller has already told the user about itself."""
+    global _WARNED
+    previous, _WARNED = _WARNED, {tuple(said)} if said else set()
+    try:
+        yield
+    finally:
+        _WARNED = previous
+
+
+def warn_unavailable(skipped: list[str], order: list[str]) -> None:
+    """The warning for requested providers this machine lacks: what is missing and what runs instead (once
+    per set inside :func:`fallback_said_once`)."""
+    key = tuple(skipped)
+    if not skipped or (_WARNED is not None and key in _WARNED):
+        return
+    if _WARNED is not None:
+        _WARNED.add(key)
+    log.warning(
+        "execution providers not available here: %s; falling back to %s (available: %s)",
+        ", ".join(skipped),
+        ", ".join(order),
+        ", ".join(available_providers()),
+    )
 
 
 def resolve_providers(
@@ -273,12 +309,7 @@ def create_session(
         load_onnx(path, weights=False)  # typed errors and external-data locations before ORT reads anything
         model = str(path)
     order, skipped = resolve_providers(list(cfg.providers))
-    if skipped:
-        log.warning(
-            "execution providers not available here: %s; available: %s",
-            ", ".join(skipped),
-            ", ".join(available_providers()),
-        )
+    warn_unavailable(skipped, order)
     so = _session_options(cfg)
     errors: dict[str, str] = {}
     for i, provider in enumerate(order):

@@ -27,6 +27,9 @@ __all__ = [
     "make_views",
     "register_transform",
     "resize_bilinear",
+    "resolve_transform",
+    "transform_names",
+    "TRANSFORM_ALIASES",
     "transforms_for",
 ]
 
@@ -74,7 +77,30 @@ def transforms_for(modality: str) -> list[str]:
     return [key.split(":", 1)[1] for key in TRANSFORMS if key.startswith(f"{modality}:")]
 
 
+#: Other names of registered transforms, per modality: the words a specification uses ("flip", "rotate")
+#: for the transform they mean. A policy stores the registered name.
+TRANSFORM_ALIASES: dict[str, dict[str, str]] = {"image": {"flip": "hflip", "rotate": "rot90"}}
+
+
+def resolve_transform(name: str, modality: str) -> str | None:
+    """The registered name ``name`` means for ``modality`` (itself, or what its alias stands for); None when
+    the modality has no such transform."""
+    name = TRANSFORM_ALIASES.get(modality, {}).get(name, name)
+    return name if f"{modality}:{name}" in TRANSFORMS else None
+
+
+def transform_names(modality: str) -> str:
+    """The modality's transforms for a message, each alias beside its transform: ``hflip (flip), ...``."""
+    aliases: dict[str, list[str]] = {}
+    for alias, name in TRANSFORM_ALIASES.get(modality, {}).items():
+        aliases.setdefault(name, []).append(alias)
+    return ", ".join(
+        f"{n} ({', '.join(aliases[n])})" if n in aliases else n for n in transforms_for(modality)
+    )
+
+
 def get_transform(name: str, modality: str) -> Transform:
+    name = resolve_transform(name, modality) or name
     key = f"{modality}:{name}"
     if key not in TRANSFORMS:
         raise TestTimeError(

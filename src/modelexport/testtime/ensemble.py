@@ -12,7 +12,7 @@ from .aggregate import AGGREGATORS, aggregate
 from .engine import TestTimeEngine
 from .policy import TestTimePolicy
 
-__all__ = ["Ensemble"]
+__all__ = ["Ensemble", "merge_probabilities"]
 
 
 class Ensemble:
@@ -43,5 +43,10 @@ class Ensemble:
 
     def predict(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         """Merged probabilities (N, C); log-probabilities are the aggregators' logits, so ``mean`` averages probabilities."""
-        log_p = np.log(np.clip(self.member_probs(feeds), 1e-12, 1.0))
-        return aggregate(log_p, self.aggregate, -1)
+        return merge_probabilities(self.member_probs(feeds), self.aggregate)
+
+
+def merge_probabilities(probs: Sequence[np.ndarray] | np.ndarray, how: str = "mean") -> np.ndarray:
+    """Members' probabilities (M, N, C) merged into (N, C) by an aggregator (``mean`` averages probabilities)."""
+    stacked = np.stack(list(probs))
+    return aggregate(np.log(np.clip(stacked, 1e-12, 1.0)), how, -1)

@@ -15,10 +15,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .._config import split_names
+from .._numeric import softmax
 from ..errors import TestTimeError
+from .engine import TestTimeEngine
 from .graph import load_model
+from .streams import Stream
 
-__all__ = ["IterationResult", "iterate", "build_loop_model", "LOOP_STEPS_OUTPUT"]
+__all__ = ["IterationResult", "Iteration", "LOOPS", "iterate", "build_loop_model", "LOOP_STEPS_OUTPUT"]
 
 #: Extra output of a Loop model: how many steps ran (int64 scalar).
 LOOP_STEPS_OUTPUT = "loop_steps"
@@ -152,3 +156,64 @@ def build_loop_model(
     out.metadata_props.extend(src.metadata_props)
     onnx.checker.check_model(out)
     return out
+
+
+#: How iterative inference runs: one session run per step (``iterate``), or all steps in one ONNX ``Loop``.
+LOOPS = ("external", "onnx")
+
+
+@dataclass(frozen=True)
+class Iteration:
+    """Iterative inference: feed ``feedback`` outputs back into their inputs for up to ``steps`` steps (the
+    fed-back inputs start at the data's values, or at zeros where a processor's feeds lack them), stopping
+    early when the largest change is below ``tol``."""
+
+    steps: int
+    feedback: dict[str, str]
+    loop: str = "external"
+    tol: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise TestTimeError(f"--iterate must be >= 1 steps, got {self.steps}")
+        if not self.feedback:
+            raise TestTimeError(
+                "--iterate needs --feedback OUTPUT:INPUT (which output feeds which input)",
+                hint="e.g. --feedback logits:prev_logits",
+            )
+        if self.loop not in LOOPS:
+            raise TestTimeError(f"--loop must be one of {', '.join(LOOPS)}, got {self.loop!r}")
+
+    @classmethod
+    def parse(cls, steps: int, feedback: str, loop: str = "external", tol: float | None = None) -> Iteration:
+        """``--feedback out:in[,out2:in2]`` as a mapping."""
+        pairs = [p.split(":", 1) for p in split_names(feedback)]
+        bad = [":".join(p) for p in pairs if len(p) != 2 or not all(p)]
+        if bad:
+            raise TestTimeError(
+                f"--feedback takes OUTPUT:INPUT pairs, got {bad}", hint="e.g. logits:prev_logits"
+            )
+        return cls(steps, {o: i for o, i in pairs}, loop, tol)
+
+    def model(self, path: Any) -> Any:
+        """The model the engine runs: the file, or its ONNX ``Loop`` of the steps."""
+        return build_loop_model(path, self.feedback, self.steps, self.tol) if self.loop == "onnx" else path
+
+    def start(self, feeds: dict[str, np.ndarray], engine: TestTimeEngine) -> dict[str, np.ndarray]:
+        """``feeds`` with each fed-back input at zeros (its dynamic axes sized from the batch)."""
+        n = len(next(iter(feeds.values())))
+        out = dict(feeds)
+        for vi in engine.inputs:
+            if vi.name in self.feedback.values() and vi.name not in feeds:
+                dims = [d.dim_value if d.HasField("dim_value") else n for d in vi.type.tensor_type.shape.dim]
+                dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+                out[vi.name] = np.zeros(dims, dtype=dtype)
+        return out
+
+    def run(self, engine: TestTimeEngine, feeds: dict[str, np.ndarray], stream: Stream) -> Any:
+        """The final fed-back output as probabilities (external loop), or the Loop model's engine result."""
+        feeds = self.start(feeds, engine)
+        if self.loop == "onnx":
+            return engine.run(feeds, stream)
+        result = iterate(engine.session, feeds, self.feedback, self.steps, self.tol)
+        return softmax(result.outputs[next(iter(self.feedback))].astype(np.float32), -1)

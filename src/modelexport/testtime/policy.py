@@ -14,7 +14,7 @@ from .._config import closest, split_names
 from .._numeric import MAX_SEED, is_seed
 from ..errors import TestTimeError
 from .aggregate import AGGREGATORS
-from .augment import MODALITIES, transforms_for
+from .augment import MODALITIES, resolve_transform, transform_names, transforms_for
 from .methods import ADAPTATION_METHODS
 from .registry import Registry
 
@@ -61,6 +61,17 @@ _NUMBER_FIELDS: dict[str, type | tuple[type, ...]] = {
     "deep_prior": (int, float),
     "step_layers": int,
 }
+
+
+def _canonical(names: tuple[str, ...], modalities: tuple[str, ...]) -> tuple[str, ...]:
+    """Aliases (``flip``, ``rotate``) as the registered names they stand for, where a modality has them."""
+
+    def one(name: str) -> str:
+        if any(name in transforms_for(m) for m in modalities):
+            return name
+        return next((r for m in modalities if (r := resolve_transform(name, m))), name)
+
+    return tuple(one(n) for n in names)
 
 
 @dataclass(frozen=True)
@@ -134,9 +145,10 @@ class TestTimePolicy:
                 f"modality must be one of auto, {', '.join(MODALITIES)}, got {self.modality!r}"
             )
         modalities = MODALITIES if self.modality == "auto" else (self.modality,)
+        object.__setattr__(self, "tta_transforms", _canonical(self.tta_transforms, modalities))
         unknown = [n for n in self.tta_transforms if not any(n in transforms_for(m) for m in modalities)]
         if unknown:
-            valid = "; ".join(f"{m}: {', '.join(transforms_for(m))}" for m in modalities)
+            valid = "; ".join(f"{m}: {transform_names(m)}" for m in modalities)
             raise TestTimeError(
                 f"unknown TTA transform(s) {unknown}{_did_you_mean(unknown, modalities)}; valid ({valid})",
                 hint="choose --tta-transforms from the list",

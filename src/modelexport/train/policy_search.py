@@ -30,6 +30,7 @@ from ..testtime.augment import transforms_for
 from ..testtime.policy import POLICY_PRESETS, TestTimePolicy
 from ..testtime.streams import StreamOrder
 from .program import ClassifierProgram, OnnxBackend, label_accuracy
+from .settings import SETTINGS, TTT_METHODS
 from .weights import evaluate_program
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "describe_policy",
     "DEFAULT_TTA_SETS",
     "DEFAULT_AGGREGATES",
+    "ttt_policy",
 ]
 
 log = logging.getLogger(__name__)
@@ -75,7 +77,18 @@ class PolicySearchSpace:
     tta_transforms: tuple[str, ...] = ()
     tta_aggregate: str | None = None
     ttt: bool = True
-    ttt_iterations: int = 1
+    ttt_iterations: int | None = 1
+    #: The adaptation method of the TTT candidates: bn (memory statistics; with ``ttt_iterations`` > 1, that
+    #: many passes of batch statistics), tent or sar (``ttt_iterations`` gradient steps at ``learning_rate``).
+    ttt_method: str = "bn"
+    learning_rate: float | None = None
+    #: MC-dropout passes a candidate tries (0: none; needs Dropout kept in the export).
+    mc_dropout: int = 0
+    #: Extra ensemble members a candidate tries (the model with these, probabilities averaged), e.g. its int8 twin.
+    ensemble: tuple[str, ...] = ()
+    #: The settings the user fixed, by name (tta, ttt, mc_dropout, ensemble): every candidate has them on
+    #: (or off) as the space says, and plain inference is chosen only when none is fixed on.
+    fixed: tuple[str, ...] = ()
     latency_budget_ms: float | None = None
     max_examples: int = 1000
     seed: int = 0
@@ -93,8 +106,17 @@ class PolicySearchSpace:
         TestTimePolicy(tta_transforms=self.tta_transforms)  # unknown names fail here, listing the valid ones
         if self.tta_aggregate is not None:
             AGGREGATORS.get(self.tta_aggregate)
-        if self.ttt_iterations < 1:
+        if self.ttt_iterations is not None and self.ttt_iterations < 1:
             raise ConfigError(f"ttt_iterations must be >= 1, got {self.ttt_iterations}")
+        if self.ttt_method not in TTT_METHODS:
+            raise ConfigError(f"ttt method must be one of {', '.join(TTT_METHODS)}, got {self.ttt_method!r}")
+        if self.mc_dropout < 0 or self.mc_dropout == 1:
+            raise ConfigError(f"mc_dropout is a number of passes: 0 (off) or >= 2, got {self.mc_dropout}")
+        object.__setattr__(self, "ensemble", tuple(str(m) for m in self.ensemble))
+        object.__setattr__(self, "fixed", split_names(self.fixed))
+        unknown = sorted(set(self.fixed) - set(SETTINGS))
+        if unknown:
+            raise ConfigError(f"unknown fixed settings {unknown}; valid: {', '.join(SETTINGS)}")
         if self.latency_budget_ms is not None and self.latency_budget_ms <= 0:
             raise ConfigError(f"latency_budget_ms must be > 0, got {self.latency_budget_ms}")
         if self.max_examples < 1:
@@ -110,8 +132,22 @@ class PolicySearchSpace:
         return [(s, a) for s in sets for a in aggregates]
 
     def ttt_candidates(self) -> list[TestTimePolicy]:
-        """The adaptation candidates (``ttt_iterations`` applies to batch statistics, not proposed here)."""
-        return list(ROBUST_BN) if self.ttt else []
+        """The adaptation candidates: robust BN (memory statistics), or the method and its settings given."""
+        if not self.ttt:
+            return []
+        if self.ttt_method == "bn" and (self.ttt_iterations or 1) == 1:
+            return list(ROBUST_BN)
+        return [ttt_policy(self.ttt_method, self.ttt_iterations, self.learning_rate)]
+
+    def allows(self, policy: TestTimePolicy, members: tuple[str, ...]) -> bool:
+        """Whether a candidate keeps every fixed setting as the space says (on with its values, or off)."""
+        state = {
+            "tta": bool(policy.tta_transforms) == self.tta,
+            "ttt": (policy.ttt != "none") == self.ttt,
+            "mc_dropout": policy.mc_dropout == self.mc_dropout,
+            "ensemble": members == self.ensemble,
+        }
+        return all(state[name] for name in self.fixed)
 
 
 @dataclass
@@ -126,10 +162,13 @@ class PolicyTrial:
     by_order: dict[str, float] = field(default_factory=dict)
     #: Not worse than plain inference in every order (set by the search).
     safe: bool = True
+    #: Extra ensemble members (model paths) beside the deployed model.
+    ensemble: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "policy": self.policy.to_dict(),
+            "ensemble": list(self.ensemble),
             "accuracy": round(self.accuracy, 5),
             "accuracy_by_order": {k: round(v, 5) for k, v in self.by_order.items()},
             "latency_ms": round(self.latency_ms, 3),
@@ -209,14 +248,16 @@ class TestTimePolicyOptimizer(Teleprompter):
 
         streams = _streams(examples, self.space.orders, self.space.seed)
 
-        def trial(policy: TestTimePolicy) -> PolicyTrial | None:
-            try:
-                student.deploy(model_path, providers, policy)
+        def trial(policy: TestTimePolicy, members: tuple[str, ...] = ()) -> PolicyTrial | None:
+            try:  # a candidate the model cannot run (no Dropout, an operator Tent cannot differentiate)
+                student.deploy(model_path, providers, policy, ensemble=members)
+                result = measure_streams(student, policy, streams, metric, (model_path, providers), members)
             except TestTimeError as exc:
-                notes.append(f"skipped {_label(policy)}: {exc}")
-                log.info("policy %s skipped: %s", _label(policy), exc)
+                notes.append(f"skipped {_label(policy, members)}: {exc}")
+                log.info("policy %s skipped: %s", _label(policy, members), exc)
                 return None
-            return measure_streams(student, policy, streams, metric, (model_path, providers))
+            result.ensemble = members
+            return result
 
         plain = trial(TestTimePolicy())
         assert plain is not None  # a plain policy needs nothing of the model
@@ -239,21 +280,40 @@ class TestTimePolicyOptimizer(Teleprompter):
                 )
                 if combined:
                     trials.append(combined)
+        trials += self._extras(trials, trial)
         for t in trials:
             t.safe = all(t.by_order[o] >= plain.by_order[o] for o in plain.by_order)
         best = self._choose(trials, plain)
-        student.deploy(model_path, providers, best.policy)
+        student.deploy(model_path, providers, best.policy, ensemble=best.ensemble)
         self.result = PolicySearchResult(
             best, plain, trials, len(examples), notes, self.space.orders, student.batch_size
         )
         student.policy_search = self.result
         return student
 
+    def _extras(self, trials: list[PolicyTrial], trial: Any) -> list[PolicyTrial]:
+        """MC dropout and the ensemble, each tried on the best candidate so far (the one the user's fixed
+        settings allow when there is one): both multiply the cost of whatever they wrap."""
+        space, out = self.space, []
+        fixed = [t for t in trials if _allows_base(space, t.policy)]
+        base = max(fixed or trials, key=lambda t: (t.accuracy, -t.latency_ms)).policy
+        if space.mc_dropout:
+            mc = trial(base.with_changes(mc_dropout=space.mc_dropout))
+            if mc:
+                out.append(mc)
+        if space.ensemble:
+            bases = [base] + ([out[0].policy] if out and "mc_dropout" in space.fixed else [])
+            out += [t for b in bases if (t := trial(b, space.ensemble))]
+        return out
+
     def _choose(self, trials: list[PolicyTrial], plain: PolicyTrial) -> PolicyTrial:
         budget = self.space.latency_budget_ms
         for t in trials:
             t.within_budget = budget is None or t.latency_ms <= budget
-        eligible = [t for t in trials if t.within_budget and t.safe]
+        allowed = [t for t in trials if self.space.allows(t.policy, t.ensemble)]
+        eligible = [t for t in allowed if t.within_budget and t.safe]
+        if not eligible and allowed:  # what the user fixed runs even where it loses to plain inference
+            eligible = [t for t in allowed if t.within_budget] or allowed
         if not eligible:
             log.warning(
                 "no policy meets the %.1f ms budget (plain takes %.1f ms); keeping plain inference",
@@ -308,13 +368,14 @@ def measure_streams(
     streams: dict[str, list[dspy.Example]],
     metric: Any,
     deployment: tuple[Any, Any],
+    ensemble: tuple[str, ...] = (),
 ) -> PolicyTrial:
     """``measure_policy`` per stream order, each on a fresh deployment (a continual policy starts from the
     source); the trial's accuracy is the worst order's, its latency the first order's."""
     by_order: dict[str, float] = {}
     first: PolicyTrial | None = None
     for order, examples in streams.items():
-        program.deploy(*deployment, policy)
+        program.deploy(*deployment, policy, ensemble=ensemble)
         trial = measure_policy(program, policy, examples, metric, warm_up=first is None)
         by_order[order] = trial.accuracy
         first = first or trial
@@ -326,7 +387,7 @@ def _policy(space: PolicySearchSpace, transforms: tuple[str, ...], aggregate: st
     return TestTimePolicy(tta_transforms=transforms, tta_aggregate=aggregate, seed=space.seed)
 
 
-def _label(policy: TestTimePolicy) -> str:
+def _label(policy: TestTimePolicy, ensemble: tuple[str, ...] = ()) -> str:
     parts = []
     if policy.tta_transforms:
         parts.append(f"tta[{','.join(policy.tta_transforms)}|{policy.tta_aggregate}]")
@@ -341,9 +402,31 @@ def _label(policy: TestTimePolicy) -> str:
             parts.append(f"prior{policy.bn_prior:g}")
         if not policy.episodic:
             parts.append(f"stream{policy.momentum:g}")
+    if policy.mc_dropout:
+        parts.append(f"mc_dropout{policy.mc_dropout}")
+    if ensemble:
+        parts.append(f"ensemble[{len(ensemble) + 1} models]")
     return "+".join(parts) or "plain"
 
 
-def describe_policy(policy: TestTimePolicy | None) -> str:
+def describe_policy(policy: TestTimePolicy | None, ensemble: tuple[str, ...] = ()) -> str:
     """A short human-readable name for a policy (report tables)."""
-    return _label(policy) if policy is not None else "plain"
+    return _label(policy, ensemble) if policy is not None else "plain"
+
+
+def ttt_policy(method: str, iterations: int | None, learning_rate: float | None) -> TestTimePolicy:
+    """The adaptation the options name: bn with 1 iteration is the robust memory statistics; bn with more is
+    that many passes of each batch's own statistics (continual, label-shift guarded); tent and sar take
+    ``iterations`` gradient steps per batch at ``learning_rate`` on the memory statistics."""
+    if method == "bn":
+        if (iterations or 1) == 1:
+            return ROBUST_BN[0]
+        return TestTimePolicy(ttt="bn", statistics="batch", ttt_iterations=iterations)
+    lr = {} if learning_rate is None else {"learning_rate": learning_rate}
+    return TestTimePolicy(ttt=method, ttt_iterations=iterations or 1, **lr)
+
+
+def _allows_base(space: PolicySearchSpace, policy: TestTimePolicy) -> bool:
+    """Whether a base candidate keeps the fixed TTA and TTT settings (MC dropout and the ensemble come after)."""
+    checks = {"tta": bool(policy.tta_transforms) == space.tta, "ttt": (policy.ttt != "none") == space.ttt}
+    return all(ok for name, ok in checks.items() if name in space.fixed)

@@ -20,6 +20,7 @@ from .._progress import progress_bar
 from ..data import Dataset
 from ..errors import InferenceError
 from ..testtime.engine import TestTimeEngine
+from ..testtime.ensemble import merge_probabilities
 from ..testtime.policy import TestTimePolicy
 from .networks import Network
 
@@ -71,6 +72,7 @@ class OnnxBackend:
         model_path: str | Path,
         providers: Sequence[str] | None = None,
         policy: Any = None,
+        ensemble: Sequence[str | Path] = (),
     ) -> None:
         self.network = network
         self.model_path = Path(model_path)
@@ -79,15 +81,27 @@ class OnnxBackend:
         self.engine = TestTimeEngine(self.model_path, self.policy, self.providers)
         #: One stream per deployment: a continual policy adapts along every batch this backend predicts.
         self.stream = self.engine.new_stream()
+        #: Other models of an ensemble (e.g. the int8 twin), each with the policy and its own stream; their
+        #: probabilities are averaged with the model's (``testtime.ensemble.merge_probabilities``).
+        self.ensemble = tuple(str(m) for m in ensemble)
+        self.members = [TestTimeEngine(m, self.policy, self.providers) for m in self.ensemble]
+        self.member_streams = [m.new_stream() for m in self.members]
 
     @property
     def provider(self) -> str:
         return self.engine.session_info.provider
 
     def __call__(self, inputs: Sequence[Any]) -> np.ndarray:
-        if self.engine.modality == "text" and self.policy.tta_transforms:
-            return self.engine.predict_texts(list(inputs), lambda texts: self.network.encode(texts))
-        return self.engine.predict(self._feeds(inputs), self.stream)
+        probs = self._predict(self.engine, self.stream, inputs)
+        if not self.members:
+            return probs
+        others = [self._predict(m, s, inputs) for m, s in zip(self.members, self.member_streams, strict=True)]
+        return merge_probabilities([probs, *others])
+
+    def _predict(self, engine: TestTimeEngine, stream: Any, inputs: Sequence[Any]) -> np.ndarray:
+        if engine.modality == "text" and self.policy.tta_transforms:
+            return engine.predict_texts(list(inputs), lambda texts: self.network.encode(texts))
+        return engine.predict(self._feeds(inputs), stream)
 
     def _feeds(self, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
         feeds = self.network.encode(inputs)
@@ -163,11 +177,22 @@ class ClassifierProgram(dspy.Module):
             self._cache = {}
 
     def deploy(
-        self, model_path: str | Path, providers: Sequence[str] | None = None, policy: Any = None
+        self,
+        model_path: str | Path,
+        providers: Sequence[str] | None = None,
+        policy: Any = None,
+        *,
+        ensemble: Sequence[str | Path] = (),
     ) -> ClassifierProgram:
-        """Serve predictions from the exported ONNX model (with a test-time policy) from now on."""
-        self.backend = OnnxBackend(self.network, model_path, providers, policy)
+        """Serve predictions from the exported ONNX model (with a test-time policy, and averaged with the
+        ``ensemble`` models when given) from now on."""
+        self.backend = OnnxBackend(self.network, model_path, providers, policy, ensemble)
         return self
+
+    @property
+    def ensemble(self) -> tuple[str, ...]:
+        """The deployed ensemble's other models (empty: the model alone)."""
+        return tuple(getattr(self.backend, "ensemble", ()))
 
     @property
     def policy(self) -> Any:

@@ -12,8 +12,10 @@ from ..errors import ConfigError
 from ..onnxfile import DEFAULT_MODEL_FILE, output_path
 from ..optimize.quantization import QUANT_MODES
 from ..runtime.session import resolve_providers
+from ..testtime.augment import MODALITIES, resolve_transform, transform_names
 from ..train.networks import NETWORKS, default_base_model
 from ..train.policy_search import PolicySearchSpace
+from ..train.settings import DEFAULT_MC_PASSES, ENSEMBLES, FALSE_WORDS, TRUE_WORDS, TTT_METHODS
 from ..train.weights import TrainConfig
 
 __all__ = ["PipelineConfig", "PipelineResult", "LOG_LEVELS", "REPORT_NAME"]
@@ -29,11 +31,19 @@ class PipelineConfig:
     model_type: str = "image_classifier"
     dataset_path: str = "sklearn:digits"
     output_model: str = "runs/pipeline"
+    #: Test-time settings: ``None`` (or ``()``) leaves the setting to the policy search (with
+    #: ``optimize_policy=False``, to the model type's default); a value is what runs.
     tta: bool | None = None
     tta_transforms: tuple[str, ...] = ()
     tta_aggregate: str | None = None
-    ttt: bool | None = None
-    ttt_iterations: int = 1
+    #: True / False, or the method: bn, tent, sar (True: bn).
+    ttt: bool | str | None = None
+    #: BN: passes of batch statistics (1: the robust memory statistics); tent / sar: gradient steps per batch.
+    ttt_iterations: int | None = None
+    #: MC-dropout passes (0: off).
+    mc_dropout: int | None = None
+    #: ``int8``: the deployed model averaged with its int8 twin (fp32 + int8); ``none``: the model alone.
+    ensemble: str | None = None
     quantize: str = "dynamic"
     ep: tuple[str, ...] = ("cpu",)
     batch_size: int | None = None
@@ -54,6 +64,10 @@ class PipelineConfig:
     #: Replace existing files at ``output_model`` and ``report``: the file named and those an earlier run of ours
     #: recorded (never another file; the one output rule, :mod:`modelexport.onnxfile.output`).
     overwrite: bool = False
+    #: Set from ``ttt`` (``--ttt tent``); bn when ``ttt`` is a boolean.
+    ttt_method: str = "bn"
+    #: The test-time settings the caller gave (derived; the report says which the search chose).
+    user_set: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
         spec = NETWORKS.get(self.model_type)
@@ -61,10 +75,18 @@ class PipelineConfig:
             raise ConfigError(
                 f"model_type must be one of {', '.join(sorted(NETWORKS))}, got {self.model_type!r}"
             )
-        for name in ("epochs", "batch_size", "learning_rate", "tta", "ttt"):
+        object.__setattr__(self, "user_set", self._given())
+        for name in ("epochs", "batch_size", "learning_rate"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, spec.defaults.get(name))
+        self._ttt_method()
         object.__setattr__(self, "tta_transforms", split_names(self.tta_transforms))
+        if self.tta_transforms and self.tta is None:
+            object.__setattr__(self, "tta", True)  # transforms given: TTA is what the user asked for
+        if not self.optimize_policy:  # nothing is searched: what is left open takes the model type's default
+            for name in ("tta", "ttt"):
+                if getattr(self, name) is None:
+                    object.__setattr__(self, name, spec.defaults.get(name))
         object.__setattr__(self, "ep", split_names(self.ep) or ("cpu",))
         object.__setattr__(self, "quantize", str(self.quantize).lower())
         object.__setattr__(self, "log_level", str(self.log_level).upper())
@@ -72,12 +94,51 @@ class PipelineConfig:
         self._check_choices(spec.has_batchnorm)
         self._check_paths()
 
+    def _given(self) -> tuple[str, ...]:
+        """The test-time settings the caller set (the search leaves them as they are)."""
+        given = {
+            "tta": self.tta is not None or bool(split_names(self.tta_transforms)),
+            "tta_transforms": bool(split_names(self.tta_transforms)),
+            "tta_aggregate": self.tta_aggregate is not None,
+            "ttt": self.ttt is not None,
+            "ttt_iterations": self.ttt_iterations is not None,
+            "learning_rate": self.learning_rate is not None,
+            "mc_dropout": self.mc_dropout is not None,
+            "ensemble": self.ensemble is not None,
+        }
+        return tuple(k for k, v in given.items() if v)
+
+    def _ttt_method(self) -> None:
+        """``ttt``: a boolean, or a method name (bn, tent, sar), into ``ttt`` and ``ttt_method``."""
+        value = self.ttt
+        if isinstance(value, str):
+            word = value.strip().lower()
+            if word in TRUE_WORDS | FALSE_WORDS:
+                value = word in TRUE_WORDS
+            elif word in TTT_METHODS:
+                object.__setattr__(self, "ttt_method", word)
+                value = True
+            else:
+                raise ConfigError(
+                    f"--ttt must be true, false or a method ({', '.join(TTT_METHODS)}), got {self.ttt!r}"
+                )
+        object.__setattr__(self, "ttt", value)
+
     def _check_ranges(self) -> None:
         TrainConfig(
             epochs=self.epochs, batch_size=self.batch_size, learning_rate=self.learning_rate, seed=self.seed
         )
         checks = [
-            ("ttt_iterations", 1 <= self.ttt_iterations <= 100, "between 1 and 100"),
+            (
+                "ttt_iterations",
+                self.ttt_iterations is None or 1 <= self.ttt_iterations <= 100,
+                "between 1 and 100",
+            ),
+            (
+                "mc_dropout",
+                self.mc_dropout is None or self.mc_dropout == 0 or 2 <= self.mc_dropout <= 256,
+                "0 (off) or between 2 and 256 passes",
+            ),
             ("val_split", 0.0 < self.val_split <= 0.5, "in (0, 0.5]"),
             ("iterations", 1 <= self.iterations <= 1000, "between 1 and 1000"),
             ("latency_budget_ms", self.latency_budget_ms is None or self.latency_budget_ms > 0, "> 0"),
@@ -94,16 +155,56 @@ class PipelineConfig:
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
         resolve_providers(list(self.ep))
-        self.search_space()  # unknown TTA transforms / aggregates fail here
-        if self.tta_transforms and not self.tta:
+        if self.ensemble is not None and self.ensemble not in ENSEMBLES:
+            raise ConfigError(f"--ensemble must be one of {', '.join(ENSEMBLES)}, got {self.ensemble!r}")
+        if self.ensemble == "int8" and self.quantize == "none":
+            raise ConfigError(
+                "--ensemble int8 averages the model with its int8 twin, and --quantize none makes none",
+                hint="add --quantize dynamic (or static), or drop --ensemble",
+            )
+        if self.ttt and self.ttt_method != "bn" and self.quantize != "none":
+            raise ConfigError(
+                f"--ttt {self.ttt_method} takes gradient steps through the model, and the deployed int8 model "
+                f"(--quantize {self.quantize}) has integer operators without gradients",
+                hint="add --quantize none, or use --ttt bn (statistics only, works on int8)",
+            )
+        if self.mc_dropout and self.quantize != "none":
+            raise ConfigError(
+                f"--mc_dropout {self.mc_dropout} samples the model's Dropout nodes, and the int8 model "
+                f"(--quantize {self.quantize}) has none: quantization's graph optimization removes them",
+                hint="add --quantize none, or drop --mc_dropout",
+            )
+        self._check_transforms()
+        self.search_space()  # unknown aggregates fail here
+        if self.tta_transforms and self.tta is False:
             raise ConfigError(
                 "--tta_transforms given but --tta is false", hint="add --tta true or drop --tta_transforms"
             )
         if self.ttt and not has_batchnorm:
             raise ConfigError(
-                f"--ttt true: BN adaptation needs BatchNorm layers and {self.model_type} has none",
+                f"--ttt {self.ttt_method if self.ttt_method != 'bn' else 'true'}: test-time training adapts "
+                f"BatchNorm layers and {self.model_type} has none",
                 hint="use --ttt false (or --model_type image_classifier)",
             )
+
+    def _check_transforms(self) -> None:
+        """Every TTA transform named means something for this model type's inputs (``flip`` and ``rotate``
+        are the image transforms hflip and rot90; on text they mean nothing): checked before any training."""
+        modality = NETWORKS[self.model_type].kind
+        wrong = [n for n in self.tta_transforms if resolve_transform(n, modality) is None]
+        if wrong:
+            other = {n: [m for m in MODALITIES if resolve_transform(n, m)] for n in wrong}
+            what = ", ".join(
+                f"{n!r} ({'an ' + '/'.join(other[n]) + ' transform' if other[n] else 'unknown'})"
+                for n in wrong
+            )
+            raise ConfigError(
+                f"--tta_transforms {what} does not apply to {self.model_type}; its {modality} transforms: "
+                f"{transform_names(modality)}",
+                hint=f"choose --tta_transforms from the {modality} transforms",
+            )
+        canonical = tuple(resolve_transform(n, modality) or n for n in self.tta_transforms)
+        object.__setattr__(self, "tta_transforms", canonical)
 
     def _check_paths(self) -> None:
         if self.dataset_path not in BUILTINS and not Path(self.dataset_path).exists():
@@ -148,13 +249,37 @@ class PipelineConfig:
         """Whether the report is a file of the package (staged with it)."""
         return self.report_file.resolve().parent == self.package_dir.resolve()
 
-    def search_space(self) -> PolicySearchSpace:
+    def search_space(self, has_dropout: bool = True, twin: str | None = None) -> PolicySearchSpace:
+        """What the policy search may try: the settings the user fixed as given, the others open (MC dropout
+        when the exported model has Dropout, the ensemble with ``twin``, the other precision's model, when
+        there is an int8 model)."""
+        spec = NETWORKS[self.model_type]
+        mc = self.mc_dropout if self.mc_dropout is not None else DEFAULT_MC_PASSES
+        mc = mc if has_dropout else 0
+        ensemble = (
+            self.ensemble if self.ensemble is not None else ("int8" if self.quantize != "none" else "none")
+        )
+        fixed = [
+            name
+            for name, given in (
+                ("tta", "tta" in self.user_set),
+                ("ttt", "ttt" in self.user_set),
+                ("mc_dropout", self.mc_dropout is not None),
+                ("ensemble", self.ensemble is not None),
+            )
+            if given
+        ]
         return PolicySearchSpace(
-            tta=bool(self.tta),
+            tta=self.tta is not False,
             tta_transforms=self.tta_transforms,
             tta_aggregate=self.tta_aggregate,
-            ttt=bool(self.ttt),
+            ttt=bool(self.ttt) if self.ttt is not None else spec.has_batchnorm,
+            ttt_method=self.ttt_method,
             ttt_iterations=self.ttt_iterations,
+            learning_rate=self.learning_rate,
+            mc_dropout=mc,
+            ensemble=(twin,) if ensemble == "int8" and twin else (),
+            fixed=tuple(fixed),
             latency_budget_ms=self.latency_budget_ms,
             seed=self.seed,
         )
@@ -171,6 +296,7 @@ class PipelineConfig:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["tta_transforms"], out["ep"] = list(self.tta_transforms), list(self.ep)
+        out["user_set"] = list(self.user_set)
         if self.model_type == "text_classifier":
             out["base_model"] = self.base_model or default_base_model()
         return out

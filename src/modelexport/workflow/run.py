@@ -21,17 +21,30 @@ from ..data import Dataset
 from ..inference.feeds import SampleSet, dataset_samples
 from ..inference.processors import ONNXAutoProcessor
 from ..metadata import write_metadata
-from ..metadata.schema import KEY_TEST_TIME_POLICY
+from ..metadata.schema import KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
 from ..onnxfile import record_deployed_model, staged_output
 from ..optimize.quantization import quantize
-from ..runtime.session import available_providers, resolve_providers
+from ..runtime.session import available_providers, fallback_said_once, resolve_providers
 from ..testtime.policy import TestTimePolicy
-from ..train.networks import Network, build_network
-from ..train.policy_search import DEFAULT_TTA_SETS, TestTimePolicyOptimizer, describe_policy, measure_policy
+from ..train.networks import NETWORKS, Network, build_network
+from ..train.policy_search import (
+    DEFAULT_TTA_SETS,
+    TestTimePolicyOptimizer,
+    describe_policy,
+    measure_policy,
+    ttt_policy,
+)
 from ..train.program import ClassifierProgram, to_examples
 from ..train.weights import TorchWeightOptimizer, TrainingSummary
 from .config import PipelineConfig, PipelineResult
-from .report import check_report, config_table, report_table
+from .report import (
+    check_report,
+    config_table,
+    majority_rate,
+    majority_warning,
+    policy_settings,
+    report_table,
+)
 from .steps import export_network, latency_stats, load_pipeline_data, network_options, output_plans
 
 __all__ = ["PipelineRun", "run_pipeline"]
@@ -59,11 +72,18 @@ class PipelineRun:
     # ---------------------------------------------------------------------------------------------- run
 
     def run(self, dataset: Dataset | None = None) -> PipelineResult:
+        """Every stage; a requested provider this machine lacks is said once, before the first stage."""
+        skipped = resolve_providers(list(self.cfg.ep))[1]
+        with fallback_said_once(skipped):
+            return self._run(dataset)
+
+    def _run(self, dataset: Dataset | None) -> PipelineResult:
         started = time.perf_counter()
         cfg = self.cfg
         plan, report_plan = output_plans(cfg)  # refused here, before any work, when it would replace a file
         full, train, val = load_pipeline_data(cfg, dataset)
         self.console.print(config_table(self._summary_rows(full, train, val)))
+        self._fallback_line()
         self.say(
             "data", f"{full.describe()}; train {len(train)}, val {len(val)} (stratified, seed {cfg.seed})"
         )
@@ -82,9 +102,12 @@ class PipelineRun:
         if report_plan is not None:
             write_json(report_plan.path, report)
         final = cfg.quantized_file or cfg.model_file
-        program.deploy(final, cfg.ep, program.policy)  # the staging copy is gone; serve the final file
+        members = (str(cfg.model_file),) if self.details.get("ensemble") else ()
+        program.deploy(final, cfg.ep, program.policy, ensemble=members)  # the staging copy is gone
         seconds = time.perf_counter() - started
         self.console.print(report_table(report, self.details.get("policy_label")))
+        if report["training"]["at_or_below_majority"]:
+            self.console.print(f"[bold red]Warning[/]: {majority_warning(report['training'])}")
         self.console.print(f"[bold]done in {seconds:.1f} s[/]; model: {final}; report: {cfg.report_file}")
         return PipelineResult(
             cfg,
@@ -99,6 +122,15 @@ class PipelineRun:
             self.details,
         )
 
+    def _fallback_line(self) -> None:
+        """One visible line when a requested execution provider is not available here (CUDA on a CPU host)."""
+        order, skipped = resolve_providers(list(self.cfg.ep))
+        if skipped:  # at any --log_level: the run's sessions then say nothing more about it
+            self.console.print(
+                f"[bold yellow]Note[/]: {', '.join(skipped)} not available on this machine: falling back to "
+                f"{', '.join(order)}"
+            )
+
     def _summary_rows(self, full: Dataset, train: Dataset, val: Dataset) -> dict[str, Any]:
         cfg = self.cfg
         order, skipped = resolve_providers(list(cfg.ep))
@@ -107,15 +139,22 @@ class PipelineRun:
             "dataset": f"{cfg.dataset_path if full.source == '' else full.source} ({len(full)} examples, {full.num_classes} classes)",
             "split": f"train {len(train)} / val {len(val)} (val_split {cfg.val_split}, seed {cfg.seed})",
             "training": f"{cfg.epochs} epochs, batch {cfg.batch_size}, lr {cfg.learning_rate}",
-            "TTA": f"{'on' if cfg.tta else 'off'}"
-            + (
-                f": {', '.join(cfg.tta_transforms) or 'search default sets'}, aggregate {cfg.tta_aggregate or 'search'}"
-                if cfg.tta
-                else ""
+            "TTA": _setting(
+                cfg.tta,
+                f"{', '.join(cfg.tta_transforms) or 'search default sets'}, aggregate {cfg.tta_aggregate or 'search'}",
             ),
-            "TTT (BN adaptation)": f"{'on' if cfg.ttt else 'off'}"
-            + (f", {cfg.ttt_iterations} iteration(s)" if cfg.ttt else ""),
-            "policy search": f"{'on' if cfg.optimize_policy and (cfg.tta or cfg.ttt) else 'off'}"
+            "TTT": _setting(
+                cfg.ttt,
+                f"{cfg.ttt_method}, "
+                + (f"{cfg.ttt_iterations} iteration(s)" if cfg.ttt_iterations else "default iterations"),
+            ),
+            "MC dropout": _setting(
+                None if cfg.mc_dropout is None else bool(cfg.mc_dropout), f"{cfg.mc_dropout} passes"
+            ),
+            "ensemble": _setting(
+                None if cfg.ensemble is None else cfg.ensemble == "int8", "the model and its int8 twin"
+            ),
+            "policy search": ("on: decides what is left open" if cfg.optimize_policy else "off")
             + (f", latency budget {cfg.latency_budget_ms} ms" if cfg.latency_budget_ms else ""),
             "providers requested": ", ".join(cfg.ep),
             "providers used (order)": ", ".join(order)
@@ -144,17 +183,31 @@ class PipelineRun:
         optimizer.compile(program, trainset=to_examples(train), valset=to_examples(val))
         summary: TrainingSummary = optimizer.summary  # type: ignore[assignment]
         self.details["training"] = summary.to_dict()
+        self.details["majority_class_rate"] = majority_rate(val)
         self.say(
             "train",
             f"{summary.epochs_run} epoch(s) in {summary.seconds:.1f} s, best epoch {summary.best_epoch}: "
             f"train acc {summary.train_accuracy:.4f}, val acc {summary.val_accuracy:.4f}",
         )
+        if summary.val_accuracy <= self.details["majority_class_rate"] + 1e-9:
+            self.say(
+                "train",
+                majority_warning(
+                    {
+                        "val_accuracy": summary.val_accuracy,
+                        "majority_class_rate": self.details["majority_class_rate"],
+                    }
+                ),
+            )
         return program
 
     def _export(self, network: Network, staging: Path) -> Any:
         self.say("export", "hierarchy-tagged ONNX with metadata (labels, pre-processing), parity-checked")
         result = export_network(
-            network, staging / self.cfg.model_file.name, keep_batchnorm=bool(self.cfg.ttt)
+            network,
+            staging / self.cfg.model_file.name,
+            keep_batchnorm=self.cfg.ttt is not False and NETWORKS[self.cfg.model_type].has_batchnorm,
+            keep_dropout=self._mc_possible(),
         )
         worst = max((result.parity or {}).get("max_abs_diff", {}).values(), default=None)
         self.say(
@@ -168,6 +221,14 @@ class PipelineRun:
             "files": result.files,
         }
         return result
+
+    def _mc_possible(self) -> bool:
+        """Whether MC dropout may run: asked for, or left to the search with an fp32 deployment (quantization
+        removes Dropout). Only then is Dropout kept in the export, which skips its parity check."""
+        cfg = self.cfg
+        if cfg.mc_dropout is not None:
+            return cfg.mc_dropout > 0
+        return cfg.optimize_policy and cfg.quantize == "none"
 
     def _quantize(
         self, program: ClassifierProgram, fp32: Path, staging: Path, train: Dataset, val: Dataset
@@ -213,53 +274,86 @@ class PipelineRun:
         cfg = self.cfg
         examples = to_examples(val)
         program.deploy(deployed, cfg.ep)
-        if not (cfg.tta or cfg.ttt):
-            self.say("test-time policy", "TTA and TTT off: plain inference")
-            plain = self._measure_policy(program, TestTimePolicy(), examples)
-            best = plain
-        elif cfg.optimize_policy:
+        twin = str(fp32) if deployed != fp32 else None
+        space = cfg.search_space(has_dropout=_has_dropout(deployed), twin=twin)
+        searched = cfg.optimize_policy and not self._decided(space)
+        if searched:
             self.say(
-                "test-time policy", "searching TTA sets, aggregation and BN adaptation on the validation set"
+                "test-time policy",
+                "searching what the options leave open (TTA sets and aggregation, TTT, MC dropout, the int8 "
+                "ensemble) on the validation set"
+                + (f"; fixed by you: {', '.join(space.fixed)}" if space.fixed else ""),
             )
-            optimizer = TestTimePolicyOptimizer(cfg.search_space())
+            optimizer = TestTimePolicyOptimizer(space)
             optimizer.compile(program, trainset=examples)
             result = optimizer.result
             plain, best = result.plain, result.best  # type: ignore[union-attr]
             self.details["policy_search"] = result.to_dict()  # type: ignore[union-attr]
+            self.details["search_trials"] = result.trials  # type: ignore[union-attr]
             self.details["policy_stream_assumptions"] = result.stream_assumptions  # type: ignore[union-attr]
         else:
+            policy, members = self._fixed_policy(program, space)
+            self.say("test-time policy", f"applying {describe_policy(policy, members)} as set")
             plain = self._measure_policy(program, TestTimePolicy(), examples)
-            best = self._measure_policy(program, self._fixed_policy(program), examples)
-        program.deploy(deployed, cfg.ep, best.policy)
+            best = self._measure_policy(program, policy, examples, members)
+            best.ensemble = members
+        program.deploy(deployed, cfg.ep, best.policy, ensemble=best.ensemble)
         for path in {deployed, fp32}:
             write_metadata(path, {POLICY_KEY: best.policy.to_dict()})
-        self.details["policy_label"] = describe_policy(best.policy)
+        if best.ensemble:  # the deployed model serves with its twin wherever it runs (infer, pipeline())
+            write_metadata(
+                deployed, {KEY_TEST_TIME_ENSEMBLE: {"members": [Path(m).name for m in best.ensemble]}}
+            )
+        self.details["policy_label"] = describe_policy(best.policy, best.ensemble)
+        self.details["ensemble"] = best.ensemble
+        trials = self.details["search_trials"] if searched else []
+        notes = self.details["policy_search"]["notes"] if searched else []
+        settings = policy_settings(cfg, best, plain, trials, searched, notes)
+        self.details["settings"] = settings
         self.say(
             "test-time policy",
             f"chosen {self.details['policy_label']}: val acc {plain.accuracy:.4f} plain -> {best.accuracy:.4f}, "
             f"{best.latency_ms:.2f} ms per batch of {program.batch_size} (written to {POLICY_KEY})",
         )
+        for name, entry in settings.items():
+            self.say("test-time policy", f"{name}: {entry['value']} ({entry['source']})")
         return {
             "policy": best.policy.to_dict(),
             "val_accuracy_plain": plain.accuracy,
             "val_accuracy_with_policy": best.accuracy,
             "latency_ms_with_policy": round(best.latency_ms, 3),
+            "settings": settings,
         }
 
-    def _fixed_policy(self, program: ClassifierProgram) -> Any:
+    def _decided(self, space: Any) -> bool:
+        """Whether the user's options leave the search nothing to decide."""
+        cfg = self.cfg
+        tta = cfg.tta is False or (
+            cfg.tta is True and bool(cfg.tta_transforms) and cfg.tta_aggregate is not None
+        )
+        ttt = cfg.ttt is False or (cfg.ttt is True and cfg.ttt_iterations is not None)
+        return tta and ttt and cfg.mc_dropout is not None and cfg.ensemble is not None
+
+    def _fixed_policy(self, program: ClassifierProgram, space: Any) -> tuple[TestTimePolicy, tuple[str, ...]]:
+        """The policy the options name; what they leave open takes the model type's default (no search)."""
         cfg = self.cfg
         modality = program.backend.engine.modality  # type: ignore[union-attr]
         transforms = cfg.tta_transforms or (DEFAULT_TTA_SETS[modality][0] if cfg.tta else ())
-        return TestTimePolicy(
+        adapt = (
+            ttt_policy(cfg.ttt_method, cfg.ttt_iterations, cfg.learning_rate) if cfg.ttt else TestTimePolicy()
+        )
+        policy = adapt.with_changes(
             tta_transforms=transforms,
             tta_aggregate=cfg.tta_aggregate or "mean",
-            ttt="bn" if cfg.ttt else "none",
-            ttt_iterations=cfg.ttt_iterations,
+            mc_dropout=cfg.mc_dropout or 0,
             seed=cfg.seed,
         )
+        return policy, space.ensemble if cfg.ensemble == "int8" else ()
 
-    def _measure_policy(self, program: ClassifierProgram, policy: Any, examples: list[Any]) -> Any:
-        program.deploy(program.backend.model_path, self.cfg.ep, policy)  # type: ignore[union-attr]
+    def _measure_policy(
+        self, program: ClassifierProgram, policy: Any, examples: list[Any], members: tuple[str, ...] = ()
+    ) -> Any:
+        program.deploy(program.backend.model_path, self.cfg.ep, policy, ensemble=members)  # type: ignore[union-attr]
         return measure_policy(program, policy, examples)
 
     def _inference(self, program: ClassifierProgram, val: Dataset) -> dict[str, Any]:
@@ -304,11 +398,15 @@ class PipelineRun:
     ) -> dict[str, Any]:
         self.say("report", f"writing {self.cfg.report_file}")
         training = self.details["training"]
+        majority = self.details["majority_class_rate"]
+        below = training["val_accuracy"] <= majority + 1e-9
         return check_report(
             {
                 "config": self.cfg.to_dict(),
                 "training": {
-                    k: training[k] for k in ("train_accuracy", "val_accuracy", "epochs_run", "seconds")
+                    **{k: training[k] for k in ("train_accuracy", "val_accuracy", "epochs_run", "seconds")},
+                    "majority_class_rate": majority,
+                    "at_or_below_majority": below,
                 },
                 "export": {
                     "path": str(self.cfg.model_file),
@@ -320,6 +418,21 @@ class PipelineRun:
                 "test_time": test_time,
             }
         )
+
+
+def _setting(value: bool | None, detail: str) -> str:
+    """A test-time row of the configuration: on (with what), off, or left to the policy search."""
+    if value is None:
+        return "open: the policy search decides"
+    return f"on (set): {detail}" if value else "off (set)"
+
+
+def _has_dropout(model: Path) -> bool:
+    """Whether the deployed model has Dropout nodes (MC dropout applies; quantization's graph optimization
+    removes them from the int8 model)."""
+    import onnx
+
+    return any(n.op_type == "Dropout" for n in onnx.load(str(model), load_external_data=False).graph.node)
 
 
 def run_pipeline(

@@ -48,13 +48,18 @@ def output_plans(cfg: PipelineConfig) -> tuple[OutputPlan, OutputPlan | None]:
     return plan, report
 
 
-def export_network(network: Network, output: Path, keep_batchnorm: bool) -> ExportResult:
+def export_network(
+    network: Network, output: Path, keep_batchnorm: bool, keep_dropout: bool = False
+) -> ExportResult:
     """Export the trained network to ``output`` (a folder, or the model file in a staging folder), as an
-    HF folder or a plain module, with labels and processor."""
+    HF folder or a plain module, with labels and processor; ``keep_dropout`` keeps the Dropout nodes MC
+    dropout samples (ONNX Runtime removes them from a plain run)."""
     with tempfile.TemporaryDirectory(prefix="modelexport-train-") as tmp:
         source, options = network.export_source(Path(tmp))
         if keep_batchnorm:
             options["keep_batchnorm"] = True
+        if keep_dropout:
+            options["keep_dropout"] = True
         return export(source, output, **options)
 
 

@@ -8,7 +8,7 @@ and the transformers pipeline argument its processor plays (``tokenizer``, ``ima
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,9 +16,12 @@ import numpy as np
 
 from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError
-from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_POLICY
+from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
+from ...onnxfile import resolve_model_path
 from ...runtime.session import SessionConfig
 from ...testtime.engine import TestTimeEngine
+from ...testtime.ensemble import merge_probabilities
+from ...testtime.iterative import Iteration
 from ...testtime.policy import TestTimePolicy
 from ...testtime.streams import Stream
 from ..processors import BaseONNXProcessor
@@ -87,6 +90,11 @@ class ONNXPipeline:
         #: The pipeline's adaptation stream: a continual policy adapts along everything this pipeline
         #: predicts (one pipeline per independent stream of inputs).
         self.test_time_stream = Stream()
+        #: Other models whose probabilities are averaged with this one's, and iterative inference of each
+        #: batch (``configure_test_time``; classifiers).
+        self.ensemble: list[Path] = self._stored_ensemble(test_time_policy)
+        self.iteration: Iteration | None = None
+        self._members: list[tuple[TestTimeEngine, Stream]] | None = None
 
     # ---------------------------------------------------------------------------------------------- labels
     @property
@@ -107,21 +115,62 @@ class ONNXPipeline:
         policy = raw if isinstance(raw, TestTimePolicy) else TestTimePolicy.from_dict(dict(raw))
         return None if policy.is_plain else policy
 
+    def _stored_ensemble(self, given: Any) -> list[Path]:
+        """The ensemble the metadata names (files beside the model), unless test-time compute is off."""
+        stored = self.metadata.get(KEY_TEST_TIME_ENSEMBLE)
+        if given is False or not stored or self.model_path is None:
+            return []
+        return [Path(self.model_path).parent / str(name) for name in stored.get("members", [])]
+
+    def member_engines(self) -> list[tuple[TestTimeEngine, Stream]]:
+        """The ensemble's other models, each an engine under this pipeline's policy with its own stream."""
+        if self._members is None:
+            self._members = [
+                (TestTimeEngine(m, self.policy, session_config=self.session_config), Stream())
+                for m in self.ensemble
+            ]
+        return self._members
+
+    def configure_test_time(self, ensemble: Sequence[Any] = (), iteration: Iteration | None = None) -> None:
+        """An ensemble (other models, e.g. the int8 twin, each under this pipeline's policy, their
+        probabilities averaged with this model's) and iterative inference of each batch (a plain policy)."""
+        if iteration is not None and self.policy is not None:
+            raise ConfigError(
+                "iterative inference runs the model as it is; this model embeds a test-time policy",
+                hint="drop --iterate, or pass a model without a policy",
+            )
+        self.ensemble = [resolve_model_path(m) for m in ensemble] or self.ensemble
+        self.iteration = iteration
+        self._engine, self._members = None, None
+
     def test_time_engine(self) -> TestTimeEngine:
         """The test-time engine applying the policy (built once, on first use).
 
         It shares this pipeline's session when the policy runs the model as it is (TTA), and otherwise
-        builds its one session of the rewritten graph with this pipeline's :class:`SessionConfig`.
+        builds its one session of the rewritten graph with this pipeline's :class:`SessionConfig` (with
+        ``--loop onnx``, the ONNX Loop of the iterations).
         """
         if self._engine is None:
+            looped = self.iteration is not None and self.iteration.loop == "onnx"
             self._engine = TestTimeEngine(
-                self.model_path,
+                self.iteration.model(self.model_path) if looped else self.model_path,  # type: ignore[union-attr]
                 self.policy,
                 session_config=self.session_config,
-                session=self.session,
-                session_info=self.session_info,
+                session=None if looped else self.session,
+                session_info=None if looped else self.session_info,
             )
         return self._engine
+
+    def _test_time_probabilities(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
+        """Probabilities through the engine: iterated when configured, averaged over the ensemble."""
+        engine = self.test_time_engine()
+        if self.iteration is not None:
+            out = self.iteration.run(engine, feeds, self.test_time_stream)
+        else:
+            out = engine.run(feeds, self.test_time_stream)
+        probs = [out if isinstance(out, np.ndarray) else out.probs]
+        probs += [m.predict(feeds, stream) for m, stream in self.member_engines()]
+        return merge_probabilities(probs) if len(probs) > 1 else probs[0]
 
     # -------------------------------------------------------------------------------------------- running
     def forward(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -225,7 +274,10 @@ class ClassificationMixin:
         return softmax(x) if fn == "softmax" else sigmoid(x) if fn == "sigmoid" else x
 
     def feed_probabilities(self, feeds: dict[str, np.ndarray], function_to_apply: str | None) -> np.ndarray:
-        """Scores of one batch of feeds; with a test-time policy, its engine's probabilities."""
+        """Scores of one batch of feeds; with a test-time policy, an ensemble or iterative inference, the
+        engine's probabilities."""
+        if self.iteration is not None or self.ensemble:
+            return self._test_time_probabilities(feeds)
         if self.policy is not None:
             return self.test_time_engine().predict(feeds, self.test_time_stream)
         logits = self.forward(feeds)[self.output_names[0]]

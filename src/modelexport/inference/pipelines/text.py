@@ -9,6 +9,7 @@ import numpy as np
 from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError
 from ...metadata.schema import KEY_EMBEDDING
+from ...testtime.ensemble import merge_probabilities
 from .base import ClassificationMixin, ONNXPipeline, register_pipeline
 
 __all__ = [
@@ -72,8 +73,10 @@ class TextClassificationPipeline(ClassificationMixin, ONNXPipeline):
     takes_feeds = True  # except under text TTA, which augments the strings (the engine says so)
 
     def probabilities(self, items: list[str], function_to_apply: str | None) -> np.ndarray:
-        if self.policy is not None and self.policy.tta_transforms:
-            return self.test_time_engine().predict_texts(items, self.processor)
+        if self.policy is not None and self.policy.tta_transforms:  # strings augmented, per model
+            probs = [self.test_time_engine().predict_texts(items, self.processor)]
+            probs += [m.predict_texts(items, self.processor) for m, _ in self.member_engines()]
+            return merge_probabilities(probs) if len(probs) > 1 else probs[0]
         return self.feed_probabilities(self.processor(texts=items), function_to_apply)
 
     def run_batch(
