@@ -68,6 +68,7 @@ from .modules import excluded_nodes, package_exclusions
 from .package import PackageResult, is_multi_graph, transform_package
 from .prepare import DropShapeHints, PlainMatMul
 from .retag import Retagged, tag_coverage
+from .source import check_sources
 from .weight_only import WEIGHT_ONLY_OPS, calibration_samples, quantize_weights_proto
 
 if TYPE_CHECKING:
@@ -456,6 +457,7 @@ def quantize(
     src = resolve_model_path(model_path)
     inputs = (model_path, cfg.calibration_data, eval_data)
     plan = transform_plan(src, output_path, inputs=inputs, overwrite=overwrite)
+    check_sources([src])  # after the output's refusal (which reads no input), before any work
     with staged_output(plan) as stage:
         result = _quantize_file(
             src, stage.path / plan.name, cfg, samples, eval_data, eval_samples, error_report, plan.package
@@ -554,6 +556,7 @@ def _quantize_package(
             "feed a dataset to one graph",
             hint="quantize the package without them, or pass one graph file",
         )
+    check_sources(package_components(folder).values())
     exclude = package_exclusions(package_components(folder), cfg.exclude_modules)
     return transform_package(
         folder,
