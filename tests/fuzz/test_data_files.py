@@ -159,3 +159,22 @@ def test_mutated_data_files_fail_cleanly(fuzz_source: Path, tmp_path: Path) -> N
 def test_mutated_data_files_fail_cleanly_many(fuzz_source: Path, tmp_path: Path, seed: int) -> None:
     failures = _fuzz(fuzz_source, tmp_path, seed=3100 + seed, count=600)
     assert not failures, "\n".join(failures)
+
+
+def test_eval_data_is_checked_before_quantizing(
+    fuzz_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrong-shape --eval-data file is refused before the quantizer runs (options are checked before work):
+    the quantizer is replaced by a failing stand-in, so reaching it fails the test."""
+    import modelexport.optimize.quantization as quantization
+
+    data = tmp_path / "wrong.npz"
+    data.write_bytes(_npz_bytes(x=np.zeros((3, 5), np.float32)))
+    monkeypatch.setattr(
+        quantization, "quantize_proto", lambda *a, **k: pytest.fail("quantized before the check")
+    )
+    outcome = run_inprocess(
+        ["quantize", str(fuzz_source), "-o", str(tmp_path / "out") + "/", "--eval-data", str(data)], 60
+    )
+    assert outcome.code == 1 and str(data) in outcome.output, outcome.output[-1000:]
+    assert not (tmp_path / "out").exists()

@@ -486,6 +486,16 @@ def _quantize_file(
         samples = load_samples(
             cfg.calibration_data, model, src, cfg.calibration_samples, tokenizer=cfg.tokenizer, seed=cfg.seed
         )
+    # evaluation data is read and checked against the model before any quantizing (a bad file costs no run)
+    evals = (
+        load_samples(eval_data, model, src, eval_samples, tokenizer=cfg.tokenizer, seed=cfg.seed + 1)
+        if eval_data is not None
+        else None
+    )
+    if error_report and samples is None and evals is None:
+        raise ConfigError(
+            "--error-report needs samples to run", hint="pass --calibration-data or --eval-data"
+        )
     if isinstance(cfg, WeightOnlyConfig):
         load_external_tensors(model, src.parent)  # the quantizer reads every weight it rewrites
         quantized, facts = quantize_weights_proto(model, cfg, samples)
@@ -513,7 +523,7 @@ def _quantize_file(
         result.calibration = {"kind": samples.kind, "samples": len(samples), "method": method}
     if eval_data is not None or error_report:  # the evaluations run the fp32 model from memory
         load_external_tensors(model, src.parent)
-    _evaluate(result, model, quantized, samples, eval_data, eval_samples, error_report)
+    _evaluate(result, model, quantized, samples, evals, error_report)
     result.sidecar_path, copied = write_transformed(
         quantized,
         src,
@@ -569,24 +579,15 @@ def _quantize_package(
 
 def _evaluate(
     result: QuantizeResult,
-    model: Any,
-    quantized: Any,
+    model: onnx.ModelProto,
+    quantized: onnx.ModelProto,
     samples: SampleSet | None,
-    eval_data: str | Path | None,
-    eval_samples: int,
+    evals: SampleSet | None,
     error_report: bool,
 ) -> None:
-    cfg = result.config
-    evals = None
-    if eval_data is not None:
-        evals = load_samples(
-            eval_data, model, result.input_path, eval_samples, tokenizer=cfg.tokenizer, seed=cfg.seed + 1
-        )
+    if evals is not None:
         result.evaluation = compare_models(model, quantized, evals)
     if error_report:
         data = samples or evals
-        if data is None:
-            raise ConfigError(
-                "--error-report needs samples to run", hint="pass --calibration-data or --eval-data"
-            )
+        assert data is not None  # refused before quantizing
         result.error_report = module_error_report(model, quantized, data)
