@@ -68,7 +68,10 @@ def test_arrays_that_fit_no_input_are_refused(seq_cls: Path, cnn_export: Any, tm
     with pytest.raises(DatasetError, match="single-input model"):
         modelexport.batch_infer(seq_cls, tmp_path / "x.npz", out)
     np.savez(tmp_path / "flat.npz", x=np.zeros((3, 64), np.float32))  # raw pixels, not N x 1 x 8 x 8
-    with pytest.raises(DatasetError, match=r"shape \[3, 64\]; the model takes \['N', 1, 8, 8\]"):
+    with pytest.raises(
+        DatasetError,
+        match=r"examples of shape \[64\]; the model's input 'x' takes examples of shape \[1, 8, 8\]",
+    ):
         modelexport.batch_infer(cnn_export.output_dir, tmp_path / "flat.npz", out)
     _text_feeds(seq_cls, tmp_path / "feeds.npz", ["hello world"])
     with pytest.raises(DatasetError, match="1-D array"):

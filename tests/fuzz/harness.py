@@ -1,7 +1,8 @@
 """Run CLI commands on a (mutated) model in-process or as a subprocess and check the outcome contract.
 
 The contract (issue 12): exit code 0 or 1 (never 3 "looks like a bug", never a signal), no traceback,
-completion within a time bound, and no new files in the model's folder when the command failed.
+completion within a time bound, and no new files in the model's folder when the command failed. Issue 31 adds:
+a transform (quantize, optimize) that succeeds has verified the metadata it carried (:func:`laundered`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Outcome", "COMMANDS", "run_inprocess", "run_subprocess", "problems", "snapshot"]
+__all__ = [
+    "Outcome",
+    "COMMANDS",
+    "TRANSFORMS",
+    "run_inprocess",
+    "run_subprocess",
+    "problems",
+    "laundered",
+    "snapshot",
+]
 
 #: command name -> argv after the model path ({img}: a small PNG, {ref}: the intact model, {out}: folder)
 COMMANDS: dict[str, list[str]] = {
@@ -29,7 +39,10 @@ COMMANDS: dict[str, list[str]] = {
     "extract": ["extract", "{model}", "--list"],
     "profile": ["profile", "{model}", "--runs", "1", "--warmup", "0"],
     "quantize": ["quantize", "{model}", "-o", "{out}/q.onnx", "--format", "json"],
+    "optimize": ["optimize", "{model}", "-o", "{out}/o.onnx", "--format", "json"],
 }
+#: Commands that carry the input's metadata into a new, signed file.
+TRANSFORMS = ("quantize", "optimize")
 
 
 class _TimeUp(BaseException):
@@ -112,3 +125,20 @@ def problems(outcome: Outcome, before: set[str], after: set[str]) -> list[str]:
     if outcome.code != 0 and after - before:
         found.append(f"new files after a failure: {sorted(after - before)}")
     return found
+
+
+def laundered(command: str, model: Path, outcome: Outcome) -> list[str]:
+    """A transform that succeeded on a model whose metadata fails verification signed what it did not verify."""
+    from modelexport.errors import MetadataError
+    from modelexport.metadata import clear_cache, read_metadata
+
+    if command not in TRANSFORMS or outcome.code != 0:
+        return []
+    clear_cache()
+    try:
+        read_metadata(model)
+    except MetadataError as exc:
+        return [f"carried metadata that does not verify ({str(exc)[:80]}) into its output"]
+    except Exception:  # noqa: BLE001 - another reason the file does not read; problems() judges the outcome
+        return []
+    return []

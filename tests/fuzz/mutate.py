@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 
 import onnx
 
+from modelexport.hierarchy.tags import TAG_KEY
+from modelexport.metadata import schema
 from modelexport.onnxfile._wire import encode_varint, iter_fields, len_field
 
 __all__ = ["MUTATORS", "mutants"]
@@ -133,13 +135,22 @@ def _semantic(rng: random.Random, data: bytes) -> tuple[str, bytes]:
         ),
         "init_dims": lambda: rng.choice(graph.initializer).dims.__setitem__(0, rng.choice([10**9, -1, 0])),
         "raw_data": lambda: setattr(rng.choice(graph.initializer), "raw_data", b"\x01\x02\x03"),
-        "op_type": lambda: setattr(rng.choice(graph.node), "op_type", rng.choice(["Nope", "", "Conv\x00"])),
+        "op_type": lambda: setattr(
+            rng.choice(graph.node), "op_type", rng.choice(["Nope", "", "Conv\x00", "Loop", "If", "Scan"])
+        ),
         "opset": lambda: setattr(model.opset_import[0], "version", rng.choice([0, 10**6])),
         "ir_version": lambda: setattr(model, "ir_version", rng.choice([1, 10**9])),
         "external": lambda: _external(rng, rng.choice(graph.initializer)),
         "attr_type": lambda: _attr_type(rng, graph),
         "dangling": lambda: rng.choice(graph.node).input.append("no_such_tensor"),
         "metadata": lambda: setattr(rng.choice(model.metadata_props), "value", rng.choice(["", "{", "[1,"])),
+        "tamper": lambda: _tamper(rng, model),
+        "dup_init": lambda: graph.initializer.append(rng.choice(graph.initializer)),
+        "huge_init": lambda: _huge_initializer(rng, rng.choice(graph.initializer)),
+        "unknown_init": lambda: _unknown_initializer(rng, graph),
+        "self_call": lambda: _self_calling_function(rng, model),
+        "deep_tag": lambda: _deep_tag(rng, rng.choice(graph.node)),
+        "shape_hint": lambda: _shape_hint(rng, graph),
     }
     name = rng.choice(sorted(edits))
     edits[name]()
@@ -152,6 +163,65 @@ def _external(rng: random.Random, tensor: onnx.TensorProto) -> None:
     location = rng.choice(["../outside.bin", "/etc/passwd", "missing.bin", "", "a/../../x.bin"])
     tensor.external_data.add(key="location", value=location)
     tensor.external_data.add(key="length", value=rng.choice(["16", "-1", "99999999999"]))
+
+
+#: The embedded metadata's keys a tamper edits (modelexport.metadata.schema), and what it writes.
+_TAMPERS = {
+    schema.KEY_TASK: "text-classification",
+    schema.KEY_MODEL_CONFIG: '{"id2label":{"0":"evil"}}',
+    schema.KEY_CHECKSUM: "sha256:" + "0" * 64,
+}
+
+
+def _tamper(rng: random.Random, model: onnx.ModelProto) -> None:
+    """Edit, remove or replace a signed metadata entry without re-signing (what ``quantize`` must not carry)."""
+    props = {p.key: p for p in model.metadata_props}
+    key = rng.choice(sorted(props))
+    if rng.random() < 0.3:
+        model.metadata_props.remove(props[key])
+    else:
+        props[key].value = _TAMPERS.get(key, props[key].value + " ")
+
+
+def _huge_initializer(rng: random.Random, tensor: onnx.TensorProto) -> None:
+    """Dims far larger than the data (2^31 x 2^31 once made the quantizer try to reshape 64 values)."""
+    del tensor.dims[:]
+    tensor.dims.extend(rng.choice([[1 << 31, 1 << 31], [1 << 62], [0, 1 << 40]]))
+
+
+def _unknown_initializer(rng: random.Random, graph: onnx.GraphProto) -> None:
+    node = rng.choice([n for n in graph.node if len(n.input) > 1] or list(graph.node))
+    node.input[-1] = rng.choice(["weight_nope", "", node.output[0]])
+
+
+def _self_calling_function(rng: random.Random, model: onnx.ModelProto) -> None:
+    """A model-local function whose body calls itself, used by one node."""
+    from onnx import helper
+
+    call = helper.make_node("F", ["a"], ["b"], domain="local")
+    opsets = [helper.make_opsetid("", 20), helper.make_opsetid("local", 1)]
+    model.functions.append(helper.make_function("local", "F", ["a"], ["b"], [call], opsets))
+    model.opset_import.append(helper.make_opsetid("local", 1))
+    node = rng.choice([n for n in model.graph.node if len(n.input) == 1] or list(model.graph.node))
+    node.op_type, node.domain = "F", "local"
+
+
+def _deep_tag(rng: random.Random, node: onnx.NodeProto) -> None:
+    """A hierarchy tag of hundreds or thousands of levels (analyze was quadratic in depth)."""
+    tag = "/A" * rng.choice([200, 257, 5000]) + rng.choice(["", "/" + "x" * 20_000])
+    props = {p.key: p for p in node.metadata_props}
+    if TAG_KEY in props:
+        props[TAG_KEY].value = tag
+    else:
+        node.metadata_props.add(key=TAG_KEY, value=tag)
+
+
+def _shape_hint(rng: random.Random, graph: onnx.GraphProto) -> None:
+    """A value_info or output shape that contradicts what shape inference finds."""
+    infos = [v for v in (*graph.value_info, *graph.output) if v.type.tensor_type.shape.dim]
+    if infos:
+        dims = rng.choice(infos).type.tensor_type.shape.dim
+        dims[rng.randrange(len(dims))].dim_value = rng.choice([999, 1, 1 << 40])
 
 
 def _attr_type(rng: random.Random, graph: onnx.GraphProto) -> None:

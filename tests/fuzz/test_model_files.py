@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuzz.harness import COMMANDS, problems, run_inprocess, run_subprocess, snapshot
+from tests.fuzz.harness import COMMANDS, laundered, problems, run_inprocess, run_subprocess, snapshot
 from tests.fuzz.mutate import mutants
 
 #: Seconds one in-process command may take on a mutant of a 19 KB model (a busy 2-core machine included).
@@ -20,10 +20,15 @@ LIMIT_S = 30.0
 _PACKAGE_FILES = ("model_hierarchy.json", "preprocessor_config.json", "export_metadata.json")
 
 
-def _package(source: Path, folder: Path, model: bytes) -> Path:
+def _package(source: Path, folder: Path, model: bytes, linked: str | None = None) -> Path:
+    """A package folder holding ``model``; ``linked``: that package file is a symbolic link to a copy outside."""
     folder.mkdir(parents=True)
     for name in _PACKAGE_FILES:
         shutil.copy(source / name, folder / name)
+    if linked:
+        outside = folder / ".." / f"{folder.name}-outside-{linked}"
+        (folder / linked).rename(outside)
+        (folder / linked).symlink_to(outside.resolve())
     (folder / "model.onnx").write_bytes(model)
     return folder / "model.onnx"
 
@@ -35,18 +40,23 @@ def _argv(command: str, model: Path, source: Path, image: Path) -> list[str]:
 
 def _fuzz(source: Path, image: Path, root: Path, seed: int, count: int, per_mutant: int) -> list[str]:
     """Run ``count`` mutants, each through ``per_mutant`` commands drawn from COMMANDS; the failures."""
-    rng = random.Random(seed)
+    rng, links = random.Random(seed), random.Random(seed + 1)
     failures = []
     for name, blob in mutants((source / "model.onnx").read_bytes(), seed, count):
         for command in rng.sample(sorted(COMMANDS), per_mutant):
-            model = _package(source, root / f"{len(failures)}-{rng.getrandbits(32)}", blob)
+            linked = (
+                links.choice(_PACKAGE_FILES) if links.random() < 0.1 else None
+            )  # read from outside: refused
+            model = _package(source, root / f"{len(failures)}-{rng.getrandbits(32)}", blob, linked)
             before = snapshot(model.parent)
             outcome = run_inprocess(_argv(command, model, source, image), LIMIT_S)
-            found = problems(outcome, before, snapshot(model.parent))
+            found = problems(outcome, before, snapshot(model.parent)) + laundered(command, model, outcome)
             if found:
                 last = outcome.output.strip().splitlines()[-1:] if outcome.output.strip() else []
-                failures.append(f"{command} {name}: {found} {last}")
+                failures.append(f"{command} {name}{f' ({linked} linked)' if linked else ''}: {found} {last}")
             shutil.rmtree(model.parent)
+            if linked:
+                (model.parent.parent / f"{model.parent.name}-outside-{linked}").unlink()
     return failures
 
 
@@ -56,7 +66,7 @@ def warm(fuzz_source: Path, fuzz_image: Path) -> None:
     for command in ("infer", "quantize"):
         out = run_inprocess(_argv(command, fuzz_source / "model.onnx", fuzz_source, fuzz_image), 300)
         assert out.code == 0, out.output
-    for leftover in ("q.onnx", "q_hierarchy.json"):
+    for leftover in ("q.onnx", "q_hierarchy.json", "o.onnx", "o_hierarchy.json"):
         (fuzz_source / leftover).unlink(missing_ok=True)
 
 
@@ -80,7 +90,8 @@ def test_mutated_models_fail_cleanly(warm: None, fuzz_source: Path, fuzz_image: 
 def test_mutated_models_fail_cleanly_many(
     warm: None, fuzz_source: Path, fuzz_image: Path, tmp_path: Path, seed: int
 ):
-    """Thousands of runs: 5 seeds x 400 mutants x every command."""
+    """The campaign issue 31 asks for (at least 10,000 seeded runs): 5 seeds x 400 mutants x every command
+    (9 commands: 18,000 runs, about 7 minutes on a busy 2-core machine)."""
     failures = _fuzz(fuzz_source, fuzz_image, tmp_path, seed=1000 + seed, count=400, per_mutant=len(COMMANDS))
     assert not failures, "\n".join(failures)
 

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.inference.conftest import task_export, task_source  # noqa: F401 - session fixtures
+
 
 def bert_feeds(n: int, seq: int = 8, vocab: int = 99, seed: int = 0) -> dict[str, np.ndarray]:
     """``n`` samples for the tiny BERT's three inputs (samples on axis 0)."""
@@ -59,12 +61,10 @@ def digits(digits_data: Any, digits_cnn: Any, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="session")
-def seq_cls_export(export_cache: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The tiny BERT sentiment classifier (negative/neutral/positive) of tests/inference, tokenizer beside."""
-    from tests.inference.tiny_tasks import save_task_model
-
-    source = save_task_model("seq_cls", tmp_path_factory.mktemp("src_seq_cls"))
-    return export_cache.get("task_seq_cls", str(source))
+def seq_cls_export(task_export: Any) -> Any:  # noqa: F811 - the imported fixture, by name
+    """The tiny BERT sentiment classifier (negative/neutral/positive) of tests/inference, tokenizer beside:
+    the same export (one source folder, one cache key) whichever test folder asks first."""
+    return task_export("seq_cls")
 
 
 @pytest.fixture(scope="session")

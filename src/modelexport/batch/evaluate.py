@@ -67,7 +67,9 @@ class Evaluator:
         self.sources = ONNXAutoProcessor.sources(spec.model)
         self.dataset = spec.dataset
         self.meter = BatchMeter(
-            engine, eval_processor(spec.dataset.kind, self.sources), spec.dataset.num_classes
+            engine,
+            eval_processor(spec.dataset.kind, self.sources, spec.dataset.source),
+            spec.dataset.num_classes,
         )
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.provider = engine.session_info.provider

@@ -33,7 +33,6 @@ from ..data.readers import (
 )
 from ..errors import ConfigError, DatasetError
 from ..inference.feeds import dataset_feeds
-from ..inference.graph import GraphInput
 from ..inference.processors import ONNXAutoProcessor
 
 __all__ = [
@@ -187,21 +186,6 @@ def _table(data: str | os.PathLike[str] | Sequence[str]) -> tuple[Any, str, Path
         raise DatasetError(f"{path}: cannot read: {exc}") from exc
 
 
-def _check_shapes(feeds: dict[str, np.ndarray], inputs: list[GraphInput], source: str) -> None:
-    """Each array has its graph input's rank and fixed sizes (axis 0, the rows, excepted)."""
-    for spec in inputs:
-        shape = feeds[spec.name].shape
-        fits = len(shape) == len(spec.shape) and all(
-            want is None or want == got for want, got in zip(spec.shape[1:], shape[1:], strict=True)
-        )
-        if not fits:
-            want = ["N", *("?" if d is None else d for d in spec.shape[1:])]
-            raise DatasetError(
-                f"{source}: array for input {spec.name!r} has shape {list(shape)}; the model takes {want}",
-                hint="a .npz for batch inference holds model-ready arrays, rows on axis 0",
-            )
-
-
 def _tensor_column(array: np.ndarray) -> Any:
     import pyarrow as pa
 
@@ -231,8 +215,7 @@ def _npz_rows(path: Path, keep_columns: Sequence[str], input_column: str | None,
         raise ConfigError(f"{path}: a .npz holds model-ready arrays; reading it needs the model")
     dataset = load_dataset(path, require_labels=False)
     sources = ONNXAutoProcessor.sources(model)
-    feeds = dataset_feeds(dataset, sources)
-    _check_shapes(feeds, sources.inputs, str(path))
+    feeds = dataset_feeds(dataset, sources)  # checked against the model's input shapes
     n = len(dataset)
     kept = {c: a for c, a in read_npz(path).items() if c in keep_columns}
     bad = [c for c in keep_columns if c not in kept or kept[c].ndim != 1 or len(kept[c]) != n]

@@ -16,6 +16,7 @@ import click
 from .._config import closest
 from .._version import __version__
 from ..errors import ModelExportError
+from ..runtime.session import set_log_severity
 from .display import MAX_COLUMNS, LogFormatter
 from .display import message as message_line
 from .hints import EXIT_CODES, hint_for
@@ -147,10 +148,9 @@ def setup_logging(level: int, debug: bool, onnxruntime: bool = True) -> None:
     warnings.filterwarnings("default", module=r"modelexport(\.|$)")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
-    if onnxruntime:
-        import onnxruntime as ort
-
-        ort.set_default_logger_severity(3)  # sessions ORT's own tools create (quantization, shape inference)
+    if onnxruntime:  # its failures come back as exceptions, printed in one line; its logs repeat them
+        set_log_severity(4)
+        logging.getLogger("onnxruntime").setLevel(logging.CRITICAL)  # its Python tools (quant_pre_process)
 
 
 def _report(exc: BaseException) -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import zipfile
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -187,10 +186,17 @@ def read_npz(path: Path, error: type[ModelExportError] = DatasetError) -> dict[s
     """Every array of an ``.npz`` (no pickled objects: a file from elsewhere runs no code), or ``error``
     naming the file: the one ``.npz`` reader of datasets, batch inputs and inspection inputs."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with Path(path).open("rb") as fh, np.load(fh, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise error(f"{path}: cannot read as .npz: {first_line(exc)}") from exc
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zipfile and numpy raise many types on a damaged archive
+        raise error(
+            f"{path}: cannot read as .npz: {type(exc).__name__}: {first_line(exc)}",
+            hint=_NPZ_HINT
+            if error is DatasetError
+            else None,  # the dataset convention; others keep their own
+        ) from exc
 
 
 @register_reader("npz", lambda spec: spec.lower().endswith(".npz"))
@@ -212,6 +218,7 @@ def _read_npz(spec: str, options: ReadOptions) -> Dataset:
         )
     if not arrays:
         raise DatasetError(f"{path}: no input arrays (found {found})", hint=_NPZ_HINT)
+    _check_npz_inputs(path, arrays)
     n = len(next(iter(arrays.values())))
     if n == 0:
         raise DatasetError(f"{path}: is empty (0 examples)")
@@ -227,6 +234,24 @@ def _read_npz(spec: str, options: ReadOptions) -> Dataset:
 _NPZ_HINT = (
     "np.savez(path, x=inputs, y=labels), or one array per graph input: np.savez(path, input_ids=..., y=...)"
 )
+
+
+def _check_npz_inputs(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Input arrays are numbers with an examples axis first, the same number of examples each."""
+    for name, array in arrays.items():
+        if array.dtype.kind not in "biuf":
+            raise DatasetError(
+                f"{path}: array {name!r} holds {array.dtype} values, not numbers", hint=_NPZ_HINT
+            )
+        if array.ndim == 0:
+            raise DatasetError(
+                f"{path}: array {name!r} is a scalar; it needs an examples axis first", hint=_NPZ_HINT
+            )
+    lengths = {k: len(v) for k, v in arrays.items()}
+    if len(set(lengths.values())) > 1:
+        raise DatasetError(
+            f"{path}: the input arrays hold different numbers of examples {lengths}", hint=_NPZ_HINT
+        )
 
 
 def _npz_labels(

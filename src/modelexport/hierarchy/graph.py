@@ -32,6 +32,7 @@ __all__ = [
     "resolve_module",
     "close_matches",
     "ancestors_of",
+    "sidecar_mismatches",
 ]
 
 
@@ -121,6 +122,33 @@ def _rows(model: onnx.ModelProto, producers: dict[str, Any], name: str) -> int |
             return None
         name = node.input[0]
     return None
+
+
+def sidecar_mismatches(
+    graph: dict[str, dict[str, Any]], sidecar: dict[str, Any], limit: int = 50
+) -> list[str]:
+    """How a sidecar's node map (``model_hierarchy.json``: ``nodes``) disagrees with the graph's (node key ->
+    ``tag`` and ``op_type``, :func:`~.tags.read_node_tags`): nodes in only one of them, another tag or op type
+    (at most ``limit`` lines; empty when they agree)."""
+    out = [
+        f"node {k!r} is in the sidecar but not in the graph" for k in sorted(set(sidecar) - set(graph))[:10]
+    ]
+    out += [
+        f"node {k!r} is in the graph but not in the sidecar" for k in sorted(set(graph) - set(sidecar))[:10]
+    ]
+    for key, node in graph.items():
+        entry = sidecar.get(key)
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("tag") != node["tag"]:
+            out.append(f"node {key!r}: tag {node['tag']!r} in the graph, {entry.get('tag')!r} in the sidecar")
+        elif entry.get("op_type") not in (None, node["op_type"]):
+            out.append(
+                f"node {key!r}: op {node['op_type']} in the graph, {entry.get('op_type')} in the sidecar"
+            )
+        if len(out) >= limit:
+            break
+    return out[:limit]
 
 
 def index_limits(model: onnx.ModelProto) -> dict[str, int]:

@@ -26,7 +26,7 @@ from ..testtime.ensemble import merge_probabilities
 from ..testtime.iterative import LOOPS, Iteration
 from ..testtime.policy import TestTimePolicy
 from ..testtime.streams import Stream, StreamOrder, stream_order
-from .feeds import dataset_samples
+from .feeds import check_modality, dataset_samples
 from .processors import BaseONNXProcessor, ONNXAutoProcessor
 
 __all__ = [
@@ -83,10 +83,13 @@ class EvaluationResult:
         return out
 
 
-def eval_processor(kind: str, sources: Any) -> Any:
+def eval_processor(kind: str, sources: Any, source: str = "the data") -> Any:
     """What turns a batch into feeds at run time: the tokenizer for raw texts (so text TTA can augment the
-    strings first), a pass-through for feeds the dataset already built."""
-    return ONNXAutoProcessor.from_sources(sources) if kind == "text" else BaseONNXProcessor(sources.inputs)
+    strings first; a model that reads no texts is a DatasetError naming ``source``), a pass-through for feeds
+    the dataset already built."""
+    if kind == "text":
+        return check_modality(ONNXAutoProcessor.from_sources(sources), "texts", source)
+    return BaseONNXProcessor(sources.inputs)
 
 
 def prepare_batches(dataset: Dataset, sources: Any, batch_size: int) -> list[tuple[Any, np.ndarray]]:
@@ -287,7 +290,7 @@ def evaluate(
             engine = TestTimeEngine(model_in, pol, providers, torch_model=tm)
             members = [TestTimeEngine(m, pol, providers) for m in others] if main else []
             sources = ONNXAutoProcessor.sources(path)
-            processor = eval_processor(dataset.kind, sources)
+            processor = eval_processor(dataset.kind, sources, dataset.source)
             meter = BatchMeter(engine, processor, dataset.num_classes, members, iteration if main else None)
         with stages.stage("run", f"{len(dataset)} examples, batch {batch_size}") as st:
             measured = summarize([meter.measure(*b) for b in prepare_batches(dataset, sources, batch_size)])

@@ -18,7 +18,7 @@ from ..data import Dataset
 from ..errors import ConfigError, DatasetError, MetadataError
 from .processors import BaseONNXProcessor, ONNXAutoProcessor, ProcessorSources
 
-__all__ = ["FEEDERS", "SampleSet", "dataset_feeds", "dataset_samples", "register_feeder"]
+__all__ = ["FEEDERS", "SampleSet", "check_modality", "dataset_feeds", "dataset_samples", "register_feeder"]
 
 
 @dataclass
@@ -71,12 +71,24 @@ def register_feeder(kind: str) -> Callable[[Feeder], Feeder]:
 
 @register_feeder("text")
 def _texts(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
-    return model.processor(texts=batch.texts)
+    return check_modality(model.processor, "texts", batch.source)(texts=batch.texts)
 
 
 @register_feeder("image")
 def _images(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
-    return model.processor(images=batch.images)
+    return check_modality(model.processor, "images", batch.source)(images=batch.images)
+
+
+def check_modality(processor: BaseONNXProcessor, modality: str, source: str) -> BaseONNXProcessor:
+    """``processor`` when it reads ``modality``; else a DatasetError naming the data ``source`` (texts for an image
+    model: the processor's own refusal names neither)."""
+    if processor.modality and modality not in processor.modality.split("+"):
+        raise DatasetError(
+            f"{source}: holds {modality}; this model's processor ({type(processor).__name__}) takes "
+            f"{processor.modality.replace('+', ' and ')}",
+            hint=f"pass data of the model's kind ({processor.modality.replace('+', ' and ')})",
+        )
+    return processor
 
 
 @register_feeder("tensor")
@@ -87,7 +99,7 @@ def _tensor(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
             f"{batch.source}: 'x' feeds a single-input model; this one has inputs {names}",
             hint="save one array per input, named after it: np.savez(path, " + "=..., ".join(names) + "=...)",
         )
-    return model.inputs.cast({names[0]: batch.x})  # type: ignore[dict-item]
+    return _check_shapes(batch.source, model.inputs.cast({names[0]: batch.x}), model, {names[0]: "x"})  # type: ignore[dict-item]
 
 
 @register_feeder("feeds")
@@ -100,7 +112,31 @@ def _named(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
             f"{batch.source}: no array for model input(s) {missing}; the file has {sorted(arrays)}",
             hint="name the .npz arrays after the graph inputs (or use 'x' for a single-input model)",
         )
-    return model.inputs.cast(arrays)
+    return _check_shapes(batch.source, model.inputs.cast(arrays), model)
+
+
+def _check_shapes(
+    source: str, feeds: dict[str, np.ndarray], model: _Model, names: dict[str, str] | None = None
+) -> dict[str, np.ndarray]:
+    """Arrays read from a file against the graph's inputs: the rank and every fixed size after axis 0 (the
+    examples). ONNX Runtime's own refusal names neither the file nor the array."""
+    for spec in model.inputs.inputs:
+        array = feeds.get(spec.name)
+        if array is None or not spec.shape:
+            continue
+        fits = array.ndim == len(spec.shape) and all(
+            want is None or got == want for got, want in zip(array.shape[1:], spec.shape[1:], strict=True)
+        )
+        if not fits:
+            want = ", ".join("?" if d is None else str(d) for d in spec.shape[1:])
+            name = (names or {}).get(spec.name, spec.name)
+            raise DatasetError(
+                f"{source}: array {name!r} holds examples of shape {list(array.shape[1:])}; the model's input "
+                f"{spec.name!r} takes examples of shape [{want}]" + (" (?: any size)" if "?" in want else ""),
+                hint="a .npz holds model-ready arrays, examples on axis 0 (`modelexport metadata MODEL` lists "
+                "the model's inputs)",
+            )
+    return feeds
 
 
 def _batches(n: int, batch_size: int, fixed: int | None) -> list[list[int]]:

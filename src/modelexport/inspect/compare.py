@@ -38,8 +38,6 @@ class ModelSummary:
 
 
 def _io(values: Any) -> list[str]:
-    import onnx
-
     out = []
     for v in values:
         t = v.type.tensor_type
@@ -47,10 +45,18 @@ def _io(values: Any) -> list[str]:
             d.dim_param or str(d.dim_value) if d.HasField("dim_value") or d.dim_param else "?"
             for d in t.shape.dim
         ]
-        out.append(
-            f"{v.name}: {onnx.helper.tensor_dtype_to_string(t.elem_type).replace('TensorProto.', '').lower()}[{','.join(dims)}]"
-        )
+        out.append(f"{v.name}: {_dtype_name(t.elem_type)}[{','.join(dims)}]")
     return out
+
+
+def _dtype_name(elem_type: int) -> str:
+    """``float``, ``int64``...; an element type ONNX does not define (a damaged file) by its number."""
+    import onnx
+
+    try:
+        return onnx.helper.tensor_dtype_to_string(elem_type).replace("TensorProto.", "").lower()
+    except (KeyError, ValueError):
+        return f"type {elem_type}"
 
 
 def summarize(tm: TaggedModel) -> ModelSummary:

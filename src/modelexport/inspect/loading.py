@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 
 from ..hierarchy.graph import GraphIndex
-from ..onnxfile import load_onnx, load_sidecar, resolve_model_path, sidecar_path_for
+from ..onnxfile import load_onnx, load_sidecar, read_sidecar, resolve_model_path, sidecar_path_for
 
 __all__ = ["TaggedModel", "load_tagged_model"]
 
@@ -56,9 +56,10 @@ def _sidecar(
         return None, None
     if isinstance(hierarchy, dict):
         return hierarchy, None
+    if hierarchy is None:  # the one beside the model, read from inside its folder (read_sidecar)
+        sidecar = read_sidecar(path)
+        return sidecar, sidecar_path_for(path) if sidecar is not None else None
     side = Path(hierarchy) if hierarchy else sidecar_path_for(path)
-    if hierarchy is None and not side.is_file():
-        return None, None
     return load_sidecar(side), side
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from .._io import atomic_path, write_json
 from ..errors import ConfigError, TagError, first_line
-from ..hierarchy.graph import ancestors_of
+from ..hierarchy.graph import ancestors_of, sidecar_mismatches
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_PATTERN, node_tag, set_node_tag
 from ..onnxfile import load_onnx
@@ -178,35 +178,12 @@ def _consistency(tm: TaggedModel) -> list[Finding]:
                 "consistency", "error", "no model_hierarchy.json beside the model (pass --hierarchy FILE)"
             )
         ]
-    index, nodes = tm.index, tm.sidecar.get("nodes") or {}
-    keys = set(index.keys)
-    out = [
-        Finding("consistency", "error", f"node {k!r} is in the sidecar but not in the graph")
-        for k in sorted(set(nodes) - keys)[:10]
-    ]
-    out += [
-        Finding("consistency", "error", f"node {k!r} is in the graph but not in the sidecar")
-        for k in sorted(keys - set(nodes))[:10]
-    ]
-    for key, tag, op in zip(index.keys, index.tags, index.op_types, strict=True):
-        entry = nodes.get(key)
-        if entry and entry.get("tag") != tag:
-            out.append(
-                Finding(
-                    "consistency",
-                    "error",
-                    f"node {key!r}: tag {tag!r} in the graph, {entry.get('tag')!r} in the sidecar",
-                )
-            )
-        elif entry and entry.get("op_type") not in (None, op):
-            out.append(
-                Finding(
-                    "consistency",
-                    "error",
-                    f"node {key!r}: op {op} in the graph, {entry.get('op_type')} in the sidecar",
-                )
-            )
-    return out[:50] + _tensor_findings(tm)
+    index = tm.index
+    graph = {
+        k: {"tag": t, "op_type": op} for k, t, op in zip(index.keys, index.tags, index.op_types, strict=True)
+    }
+    mismatches = sidecar_mismatches(graph, tm.sidecar.get("nodes") or {})
+    return [Finding("consistency", "error", m) for m in mismatches] + _tensor_findings(tm)
 
 
 DEFAULT_CHECKS = ("onnx_checker", "tag_format", "tag_tree")

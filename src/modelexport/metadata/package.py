@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._io import write_json
@@ -22,6 +22,7 @@ from ..onnxfile import (
     PACKAGE_MANIFEST,
     PROCESSOR_FILES,
     VARIANTS_KEY,
+    safe_join,
     sidecar_path_for,
 )
 from .build import ModelSource, complete_processor_config
@@ -39,44 +40,6 @@ __all__ = [
     "processor_file_names",
 ]
 _PREPROCESSOR_FILE = "preprocessor_config.json"
-
-
-def safe_join(base: Path, name: str) -> Path:
-    """``base / name`` for a relative name that stays inside ``base``; MetadataError otherwise."""
-    text = str(name)
-    parts = PurePosixPath(text.replace("\\", "/")).parts
-    if (
-        not text
-        or PurePosixPath(text).is_absolute()
-        or PureWindowsPath(text).is_absolute()
-        or PureWindowsPath(text).drive
-        or ".." in parts
-    ):
-        raise MetadataError(f"refusing file name {name!r} from a config: it leaves the model folder")
-    joined = base / Path(*parts)
-    if not _within(joined.absolute(), base.absolute()):
-        raise MetadataError(f"refusing file name {name!r} from a config: it leaves the model folder")
-    target = joined.resolve()
-    if not any(_within(target, root) for root in _readable_roots(base)):
-        raise MetadataError(
-            f"refusing {joined}: it is a symbolic link to {target}, outside the model folder",
-            hint="copy the file into the folder (not a link) if it belongs to the model, or remove the link",
-        )
-    return joined
-
-
-def _within(path: Path, root: Path) -> bool:
-    return path.as_posix().startswith(root.as_posix().rstrip("/") + "/")
-
-
-def _readable_roots(base: Path) -> list[Path]:
-    """The folder itself, and for a Hugging Face cache snapshot (``models--org--name/snapshots/REV``) the
-    repository's ``blobs/``, which the snapshot's file links point to."""
-    root = base.resolve()
-    roots = [root]
-    if root.parent.name == "snapshots" and root.parent.parent.name.startswith(("models--", "datasets--")):
-        roots.append(root.parent.parent / "blobs")
-    return roots
 
 
 @dataclass(frozen=True)

@@ -164,6 +164,8 @@ def _decode_value(key: str, raw: str, kind: str) -> Any:
 def decode_entries(stored: dict[str, str], *, verify: bool = True) -> tuple[dict[str, Any], dict[str, str]]:
     """(decoded modelexport values, foreign raw entries). Raises MetadataIntegrityError on a bad checksum."""
     if KEY_ENCODING not in stored:
+        if verify and KEY_CHECKSUM in stored:  # a signature over nothing: the manifest was removed
+            raise MetadataIntegrityError(f"metadata has a {KEY_CHECKSUM!r} but no manifest {KEY_ENCODING!r}")
         if verify:  # our keys written by another tool (or left by a damaged manifest) still obey their rules
             fields.check_values(stored, VALUE_CHECKS)
         return {}, dict(stored)

@@ -7,6 +7,7 @@ inspect, optimize, test-time, pipeline, CLI) resolves, loads and reads through t
 
 from __future__ import annotations
 
+from .inside import safe_join
 from .load import check_external_locations, load_onnx, load_structure
 from .output import (
     GRAPH_FILE_SUFFIXES,
@@ -79,6 +80,7 @@ __all__ = [
     "load_onnx",
     "load_sidecar",
     "load_structure",
+    "safe_join",
     "model_bytes",
     "needs_external_data",
     "package_components",

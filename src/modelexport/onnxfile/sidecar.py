@@ -12,6 +12,7 @@ from typing import Any
 
 from .._io import read_json_object
 from ..errors import MetadataError, OnnxFileError
+from .inside import safe_join
 
 __all__ = ["SIDECAR_SUFFIX", "sidecar_path_for", "read_sidecar", "load_sidecar"]
 
@@ -41,6 +42,8 @@ def load_sidecar(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def read_sidecar(model_path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The sidecar beside ``model_path``; None when there is none."""
+    """The sidecar beside ``model_path``; None when there is none, MetadataError for a link out of its folder
+    (a transform would carry what it points to)."""
     path = sidecar_path_for(model_path)
+    path = safe_join(path.parent, path.name)
     return load_sidecar(path) if path.is_file() else None

@@ -13,6 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .._progress import progress_bar
 from ..data import load_dataset
 from ..errors import ConfigError, DatasetError
@@ -72,8 +74,21 @@ def load_samples(
     if folder is not None and folder != sources.folder:
         sources = replace(sources, folder=folder)
     samples = dataset_samples(dataset, sources, limit, seed=seed, batch_size=batch_size)
+    _check_finite(path, samples)
     log.info("%s: %d %s examples in %d feed(s)", path, len(samples), samples.kind, len(samples.feeds))
     return samples
+
+
+def _check_finite(path: Path, samples: SampleSet) -> None:
+    """NaN or infinite inputs give ranges no int8 scale fits (ORT then fails an assertion) and outputs no
+    comparison means anything: refused, naming the file and the input."""
+    for feed in samples.feeds:
+        for name, array in feed.items():
+            if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+                raise DatasetError(
+                    f"{path}: input {name!r} holds NaN or infinite values",
+                    hint="calibration and evaluation need finite numbers; clean the data or leave those rows out",
+                )
 
 
 class FeedReader:

@@ -23,7 +23,6 @@ from ..hierarchy.passes import PassResult
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
 from ..metadata import read_metadata, update_metadata
-from ..metadata.package import safe_join
 from ..onnxfile import (
     DEFAULT_MODEL_FILE,
     GRAPH_FILE_SUFFIXES,
@@ -34,6 +33,7 @@ from ..onnxfile import (
     plan_output,
     read_manifest,
     read_sidecar,
+    safe_join,
     save_onnx,
     sidecar_path_for,
     write_derived_manifest,
@@ -58,7 +58,8 @@ __all__ = [
 def carry_metadata(before: Any, after: Any, record_key: str, record: dict[str, Any]) -> list[str]:
     """Copy ``before``'s model-level metadata onto ``after`` and add ``record_key`` (a JSON object).
 
-    Uses ``modelexport.metadata.update_metadata`` so the checksum stays valid. Returns the keys now on ``after``.
+    Uses ``modelexport.metadata.update_metadata``, which verifies ``before``'s checksum first (metadata that
+    fails it is refused, never re-signed) and signs the result. Returns the keys now on ``after``.
     """
     carried = {p.key: p.value for p in before.metadata_props}
     for attr in ("producer_name", "producer_version", "doc_string", "model_version"):
@@ -67,7 +68,7 @@ def carry_metadata(before: Any, after: Any, record_key: str, record: dict[str, A
     after.ClearField("metadata_props")
     set_props(after, carried)
     record = json.loads(json.dumps(record, default=str))  # plain JSON types only
-    update_metadata(after, {record_key: record}, verify=False)
+    update_metadata(after, {record_key: record})
     return sorted({p.key for p in after.metadata_props})
 
 
@@ -90,7 +91,7 @@ def model_metadata(model: Any) -> dict[str, Any]:
     """Decoded model-level metadata (``modelexport.metadata.read_metadata``), {} when unreadable."""
     try:
         return read_metadata(model)
-    except Exception:  # noqa: BLE001 - metadata is optional input here; a bad checksum must not block quantizing
+    except Exception:  # noqa: BLE001 - read for hints (config sizes, processor); carrying verifies (source.py)
         return {p.key: p.value for p in model.metadata_props}
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import OptimizationError
 from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
-from ..onnxfile import load_onnx, resolve_model_path, save_onnx, staged_output
+from ..onnxfile import load_onnx, package_components, resolve_model_path, save_onnx, staged_output
 from ..runtime.session import create_session
 from .carry import CarryMetadata, model_metadata, transform_plan, write_transformed
 from .config import OptimizeConfig
@@ -32,6 +32,7 @@ from .fusion import fuse_for_ort, ort_fusion_needed
 from .package import PackageResult, is_multi_graph, transform_package
 from .retag import Retagged, tag_coverage
 from .skip_norm import split_skip_layer_norms
+from .source import check_sources
 
 if TYPE_CHECKING:
     import onnx
@@ -313,11 +314,13 @@ def optimize_model(
     """
     cfg = (config or OptimizeConfig()).with_changes(**options)
     if is_multi_graph(model_path):
+        check_sources(package_components(model_path).values())
         return transform_package(
             model_path, output_path, "optimize", lambda s, d: _optimize_file(s, d, cfg), overwrite=overwrite
         )
     src = resolve_model_path(model_path)
     plan = transform_plan(src, output_path, inputs=(model_path,), overwrite=overwrite)
+    check_sources([src])  # after the output's refusal (which reads no input), before any work
     with staged_output(plan) as stage:
         result = _optimize_file(src, stage.path / plan.name, cfg, plan.package)
     result.output_path = plan.path

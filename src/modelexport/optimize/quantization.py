@@ -68,6 +68,7 @@ from .modules import excluded_nodes, package_exclusions
 from .package import PackageResult, is_multi_graph, transform_package
 from .prepare import DropShapeHints, PlainMatMul
 from .retag import Retagged, tag_coverage
+from .source import check_sources
 from .weight_only import WEIGHT_ONLY_OPS, calibration_samples, quantize_weights_proto
 
 if TYPE_CHECKING:
@@ -456,6 +457,7 @@ def quantize(
     src = resolve_model_path(model_path)
     inputs = (model_path, cfg.calibration_data, eval_data)
     plan = transform_plan(src, output_path, inputs=inputs, overwrite=overwrite)
+    check_sources([src])  # after the output's refusal (which reads no input), before any work
     with staged_output(plan) as stage:
         result = _quantize_file(
             src, stage.path / plan.name, cfg, samples, eval_data, eval_samples, error_report, plan.package
@@ -484,6 +486,16 @@ def _quantize_file(
         samples = load_samples(
             cfg.calibration_data, model, src, cfg.calibration_samples, tokenizer=cfg.tokenizer, seed=cfg.seed
         )
+    # evaluation data is read and checked against the model before any quantizing (a bad file costs no run)
+    evals = (
+        load_samples(eval_data, model, src, eval_samples, tokenizer=cfg.tokenizer, seed=cfg.seed + 1)
+        if eval_data is not None
+        else None
+    )
+    if error_report and samples is None and evals is None:
+        raise ConfigError(
+            "--error-report needs samples to run", hint="pass --calibration-data or --eval-data"
+        )
     if isinstance(cfg, WeightOnlyConfig):
         load_external_tensors(model, src.parent)  # the quantizer reads every weight it rewrites
         quantized, facts = quantize_weights_proto(model, cfg, samples)
@@ -511,7 +523,7 @@ def _quantize_file(
         result.calibration = {"kind": samples.kind, "samples": len(samples), "method": method}
     if eval_data is not None or error_report:  # the evaluations run the fp32 model from memory
         load_external_tensors(model, src.parent)
-    _evaluate(result, model, quantized, samples, eval_data, eval_samples, error_report)
+    _evaluate(result, model, quantized, samples, evals, error_report)
     result.sidecar_path, copied = write_transformed(
         quantized,
         src,
@@ -554,6 +566,7 @@ def _quantize_package(
             "feed a dataset to one graph",
             hint="quantize the package without them, or pass one graph file",
         )
+    check_sources(package_components(folder).values())
     exclude = package_exclusions(package_components(folder), cfg.exclude_modules)
     return transform_package(
         folder,
@@ -566,24 +579,15 @@ def _quantize_package(
 
 def _evaluate(
     result: QuantizeResult,
-    model: Any,
-    quantized: Any,
+    model: onnx.ModelProto,
+    quantized: onnx.ModelProto,
     samples: SampleSet | None,
-    eval_data: str | Path | None,
-    eval_samples: int,
+    evals: SampleSet | None,
     error_report: bool,
 ) -> None:
-    cfg = result.config
-    evals = None
-    if eval_data is not None:
-        evals = load_samples(
-            eval_data, model, result.input_path, eval_samples, tokenizer=cfg.tokenizer, seed=cfg.seed + 1
-        )
+    if evals is not None:
         result.evaluation = compare_models(model, quantized, evals)
     if error_report:
         data = samples or evals
-        if data is None:
-            raise ConfigError(
-                "--error-report needs samples to run", hint="pass --calibration-data or --eval-data"
-            )
+        assert data is not None  # refused before quantizing
         result.error_report = module_error_report(model, quantized, data)

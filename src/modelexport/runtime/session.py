@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ __all__ = [
     "create_session",
     "resolve_providers",
     "check_providers",
+    "load_reason",
+    "set_log_severity",
     "warn_unavailable",
     "fallback_said_once",
 ]
@@ -65,6 +68,20 @@ GRAPH_LEVEL_ALIASES = {"none": "disable"}
 #: into ``SkipLayerNormalization``, whose CPU kernel runs 2.5-6x slower than the two ops it replaces
 #: (``benchmarks/kernel_choice.py``); on GPU providers the fused kernel is the fast one, so it stays.
 CPU_DISABLED_OPTIMIZERS: tuple[str, ...] = ("SkipLayerNormFusion",)
+
+
+#: The log severity of sessions whose config sets none: 3 (errors); the CLI sets 4 unless --debug, since every
+#: failure also comes back as an exception it reports in one line.
+_LOG_SEVERITY = {"default": 3}
+
+
+def set_log_severity(level: int) -> None:
+    """ONNX Runtime's log severity for every later session (0 verbose .. 4 fatal), its own tools' sessions
+    (quantization, shape inference) included."""
+    import onnxruntime as ort
+
+    _LOG_SEVERITY["default"] = level
+    ort.set_default_logger_severity(level)
 
 
 def graph_level(name: str, option: str = "graph_optimization_level") -> str:
@@ -170,7 +187,8 @@ class SessionConfig:
     inter_op_num_threads: int = 0
     enable_profiling: bool = False
     profile_file_prefix: str | None = None
-    log_severity_level: int = 3
+    #: ONNX Runtime's log severity (0 verbose .. 4 fatal); None: the process default, :func:`set_log_severity`.
+    log_severity_level: int | None = None
     provider_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Where a ModelProto's external-data references resolve (``load_onnx(..., external_data=False)``):
     #: ONNX Runtime reads those weights from disk, so they are never serialized with the graph.
@@ -232,7 +250,9 @@ def _session_options(cfg: SessionConfig) -> Any:
     so.graph_optimization_level = getattr(
         ort.GraphOptimizationLevel, GRAPH_LEVELS[cfg.graph_optimization_level]
     )
-    so.log_severity_level = cfg.log_severity_level
+    so.log_severity_level = (
+        _LOG_SEVERITY["default"] if cfg.log_severity_level is None else cfg.log_severity_level
+    )
     if cfg.optimized_model_filepath:
         so.optimized_model_filepath = str(cfg.optimized_model_filepath)
     if cfg.intra_op_num_threads:
@@ -249,6 +269,24 @@ def _session_options(cfg: SessionConfig) -> Any:
         if cfg.profile_file_prefix:
             so.profile_file_prefix = cfg.profile_file_prefix
     return so
+
+
+#: What ONNX Runtime puts around the reason a model does not load: its error code, the path it was given,
+#: and the C++ source line and signature that raised.
+_ORT_NOISE = (
+    re.compile(r"^\w+: (?=\[ONNXRuntimeError\])"),
+    re.compile(r"\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : "),
+    re.compile(r"Load model from .*? failed:"),
+    re.compile(r"\S+\.(?:cc|cpp|h):\d+ (?:[\w:~<>]+\([^()]*\) )?"),
+)
+
+
+def load_reason(error: str) -> str:
+    """The first line of ONNX Runtime's error, without its code, the model's path or C++ source locations."""
+    reason = first_line(error, limit=len(error))  # cut after the noise is gone, not before
+    for pattern in _ORT_NOISE:
+        reason = pattern.sub("", reason)
+    return reason.strip() or error.strip()
 
 
 def create_session(
@@ -302,9 +340,8 @@ def create_session(
         return sess, info
     if CPU in errors:  # the CPU provider is always there: it failing means the model, not a provider
         what = model if isinstance(model, str) else "the model"
-        reason = first_line(errors[CPU]).replace("[ONNXRuntimeError] : ", "")
         raise OnnxFileError(
-            f"ONNX Runtime cannot load {what}: {reason[:400]}",
+            f"ONNX Runtime cannot load {what}: {load_reason(errors[CPU])[:400]}",
             hint="check it with `modelexport validate MODEL`; re-export it if it was edited or truncated",
         )
     raise ProviderError(f"no execution provider could create a session: {errors}")
