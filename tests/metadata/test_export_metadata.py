@@ -49,13 +49,13 @@ def test_minilm_metadata_speed_and_size(minilm_export: Any) -> None:
     start = time.perf_counter()
     read_metadata(path)
     read_ms = (time.perf_counter() - start) * 1000
-    stats = minilm_export.extra["metadata_stats"]
+    stats = minilm_export.package.metadata_stats
     print(
-        f"metadata: read {read_ms:.2f} ms (90 MB model), extract {stats['extract_ms']} ms, {stats['bytes']} bytes"
+        f"metadata: read {read_ms:.2f} ms (90 MB model), extract {stats.extract_ms} ms, {stats.bytes} bytes"
     )
     assert read_ms < 100
-    assert stats["extract_ms"] < 500
-    assert stats["bytes"] < 100 * 1024
+    assert stats.extract_ms < 500
+    assert stats.bytes < 100 * 1024
 
 
 @pytest.mark.must

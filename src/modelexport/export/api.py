@@ -1,4 +1,8 @@
-"""``modelexport.export``: load -> inputs -> reference run -> capture -> tag -> verify -> package.
+"""``modelexport.export``: load -> inputs -> reference run -> capture -> tag -> package steps -> write ->
+verify -> sidecar, for each graph of the package.
+
+The package steps (metadata, generation config, package files, embedding, optimized and quantized copies) are
+:data:`~modelexport.export.package.PACKAGE_STEPS`, each a typed ``(ExportContext, PackageState) -> PackageState``.
 
 One path for every model: the graph comes from a plain ``torch.onnx.export`` and tagging only adds
 node ``metadata_props``, so the topology equals the baseline by construction (and
@@ -10,10 +14,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import onnx_weight_bytes, write_json, write_text
 from ..errors import ConfigError, ExportError, InputSpecError, TopologyMismatchError, first_line
@@ -21,14 +25,11 @@ from ..hierarchy.scopes import scope_counts
 from ..hierarchy.sidecar import build_sidecar
 from ..hierarchy.tagger import tag_model
 from ..hierarchy.tree import ModuleTree, TagRules
-from ..metadata.embed import embed_metadata_pass, package_pass
+from ..metadata.package import GraphSet
 from ..onnxfile import (
-    COMPONENTS_KEY,
     DEFAULT_MODEL_FILE,
-    DEPLOYED_KEY,
     EXTERNAL_DATA_THRESHOLD,
     PACKAGE_MANIFEST,
-    VARIANTS_KEY,
     OutputPlan,
     output_path,
     own_files,
@@ -37,30 +38,19 @@ from ..onnxfile import (
     staged_output,
     variant_file,
 )
-from ..optimize.export_pass import (
-    PARITY_FILES_KEY,
-    optimize_package_pass,
-    package_variants,
-    quantize_package_pass,
-)
+from ..optimize.export_pass import package_variants
 from .capture import CaptureSettings, capture, training_modes
 from .config import ExportConfig
 from .context import EXPORT_LOG, ExportContext, StageLog
 from .device import check_device, place_inputs, place_model
 from .experts import EXPERT_ROUTE, eager_experts, expert_blocks
 from .free_axes import capture_graph
-from .generation import (
-    CacheInputs,
-    build_with_past_inputs,
-    first_step_parity,
-    generation_package_pass,
-    is_with_past,
-)
+from .generation import CacheInputs, build_with_past_inputs, first_step_parity, is_with_past
 from .inputs import ExampleInputs, build_inputs, input_specs_hint
 from .loading import LoadedModel, load_model
+from .package import PACKAGE_STEPS, PackageState, run_package_steps
 from .parity import check_parity, flatten_outputs, output_names_for, runner_for
 from .report import render_export_report
-from .sentence import sentence_package_pass
 from .seq2seq import SEQ2SEQ_FILES, build_seq2seq_inputs, check_seq2seq_config, is_seq2seq_task
 from .steps import StepInputs
 from .topology import compare_topology
@@ -73,7 +63,12 @@ from .vlm import (
     vlm_files,
 )
 
-__all__ = ["ExportResult", "export", "PACKAGE_PASSES", "MODEL_FILE", "PACKAGE_FILES_KEY"]
+if TYPE_CHECKING:
+    import onnx
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = ["ExportResult", "export", "PACKAGE_STEPS", "MODEL_FILE", "PACKAGE_FILES_KEY"]
 
 log = logging.getLogger(__name__)
 MODEL_FILE = DEFAULT_MODEL_FILE
@@ -82,17 +77,6 @@ PACKAGE_FILES_KEY = "package_files"
 BF16_NOTE = (
     "bfloat16 graph: ONNX Runtime's CPU provider has no bfloat16 kernels, so parity ran on onnx's reference "
     "evaluator; serve it on a provider with bfloat16 kernels"
-)
-
-#: Steps run on the tagged model before it is written, in order: ``fn(ctx: ExportContext) -> None``.
-#: Each decides from ``ctx.config`` whether it applies (metadata embedding, package files, quantization).
-PACKAGE_PASSES: tuple[Callable[[ExportContext], None], ...] = (
-    embed_metadata_pass,
-    generation_package_pass,
-    package_pass,
-    sentence_package_pass,
-    optimize_package_pass,
-    quantize_package_pass,
 )
 
 
@@ -112,7 +96,9 @@ class ExportResult:
     stages: list[dict[str, Any]]
     files: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: What the package steps produced (metadata and its stats, generation and embedding records, the
+    #: optimized and quantized copies); None where no steps ran.
+    package: PackageState | None = None
     #: A multi-graph package (encoder-decoder generation): each graph's own result, by file name.
     components: dict[str, ExportResult] = field(default_factory=dict)
 
@@ -143,7 +129,7 @@ class ExportResult:
         }
 
 
-def _load_tokenizer(loaded: LoadedModel) -> Any | None:
+def _load_tokenizer(loaded: LoadedModel) -> PreTrainedTokenizerBase | None:
     if loaded.model_dir is None:
         return None
     try:
@@ -212,9 +198,10 @@ def _dump_graphs(ctx: ExportContext) -> None:
 
 
 def _verify(
-    ctx: ExportContext, settings: CaptureSettings, model: bytes | Path
+    ctx: ExportContext, settings: CaptureSettings, model: bytes | Path, copies: Mapping[str, float]
 ) -> tuple[bool | None, dict[str, Any] | None]:
-    """Topology (optional), onnx.checker and parity, on the serialized model (serialized once)."""
+    """Topology (optional), onnx.checker and parity, on the serialized model (serialized once), and parity of
+    ``copies`` (file name in the package -> tolerance: the optimized graph)."""
     import onnx
 
     identical = None
@@ -249,7 +236,7 @@ def _verify(
         )
         st["detail"] = f"max abs diff {report.worst:.3g} <= {cfg.tolerance} ({cfg.dtype}, {report.provider})"
     parity = {**report.to_dict(), "dtype": cfg.dtype}
-    for name, atol in ctx.extra.get(PARITY_FILES_KEY, {}).items():  # e.g. the optimized, deployed graph
+    for name, atol in copies.items():  # e.g. the optimized, deployed graph
         with ctx.stages.stage("parity", name) as st:
             other = check_parity(
                 ctx.staging_dir / name,
@@ -265,7 +252,9 @@ def _verify(
         parity["checks"] = _check_examples(ctx, ctx.inputs, model)
     if isinstance(ctx.inputs, CacheInputs):
         with ctx.stages.stage("parity_first_step", "zero-length past") as st:
-            parity["first_step"] = first_step_parity(ctx, model)
+            parity["first_step"] = first_step_parity(
+                ctx.inputs, ctx.loaded.module, cfg.tolerance, cfg.dtype, model
+            )
             st["detail"] = f"max abs diff {max(parity['first_step']['max_abs_diff'].values()):.3g}"
     return identical, parity
 
@@ -294,7 +283,7 @@ def _check_examples(ctx: ExportContext, inputs: StepInputs, model: bytes | Path)
     return results
 
 
-def _write_model(proto: Any, path: Path) -> bytes | Path:
+def _write_model(proto: onnx.ModelProto, path: Path) -> bytes | Path:
     """Serialize once and write; returns the bytes (reused by checker and parity), or the path for
     models over protobuf's 2 GB limit, which are saved with external data."""
     import onnx
@@ -307,13 +296,8 @@ def _write_model(proto: Any, path: Path) -> bytes | Path:
     return data
 
 
-def _run_passes(ctx: ExportContext) -> None:
-    for step in PACKAGE_PASSES:
-        step(ctx)
-
-
 def export(
-    model: Any,
+    model: torch.nn.Module | str | os.PathLike[str],
     output_dir: str | Path,
     config: ExportConfig | None = None,
     *,
@@ -339,13 +323,12 @@ def export(
         staging = stage.path
         stages = StageLog(on_stage=on_stage, logger=EXPORT_LOG)
         loaded, tokenizer, graphs = _prepare(model, cfg, stages, plan.name, scope)
+        graph_set = _graph_set(cfg, [(_role(f, i), f) for f, i in graphs]) if len(graphs) > 1 else None
         results = []
         for file, inputs in graphs:
             log_ = stages if len(graphs) == 1 else StageLog(on_stage=on_stage, logger=EXPORT_LOG)
             ctx = ExportContext(cfg, loaded, inputs, None, staging, file, tokenizer=tokenizer, stages=log_)
-            if len(graphs) > 1:
-                _package_of(ctx, [(_role(f, i), f) for f, i in graphs])
-            results.append(_export_graph(ctx, plan.folder, file))
+            results.append(_export_graph(ctx, plan.folder, file, graph_set))
         result = results[0] if len(results) == 1 else _combined(results, stages)
     if stage.replaced or stage.removed:
         result.notes.append(
@@ -359,7 +342,7 @@ def export(
     return result
 
 
-def _source_path(model: Any) -> str | None:
+def _source_path(model: torch.nn.Module | str | os.PathLike[str]) -> str | None:
     """The file or folder a model given as a string is read from (``file.py:factory`` -> ``file.py``)."""
     if not isinstance(model, str | os.PathLike):
         return None
@@ -379,7 +362,12 @@ def _graph_files(cfg: ExportConfig) -> tuple[str, ...]:
     return ()
 
 
-def _plan(model: Any, output: str | Path, cfg: ExportConfig, graph_files: tuple[str, ...]) -> OutputPlan:
+def _plan(
+    model: torch.nn.Module | str | os.PathLike[str],
+    output: str | Path,
+    cfg: ExportConfig,
+    graph_files: tuple[str, ...],
+) -> OutputPlan:
     """Where the export writes (the one output rule), checked before any work. The files it will write
     besides the model's own are predicted here; one it could not predict is checked before it is moved."""
     main = graph_files[0] if graph_files else MODEL_FILE
@@ -420,8 +408,9 @@ def _plan(model: Any, output: str | Path, cfg: ExportConfig, graph_files: tuple[
     return plan
 
 
-def _export_graph(ctx: ExportContext, output_dir: Path, file: str) -> ExportResult:
-    """Reference run, capture, tags, package passes, write, verify and sidecar of one graph."""
+def _export_graph(ctx: ExportContext, output_dir: Path, file: str, graphs: GraphSet | None) -> ExportResult:
+    """Reference run, capture, tags, package steps, write, verify and sidecar of one graph (of the package's
+    ``graphs`` when it has several)."""
     cfg, module = ctx.config, ctx.loaded.module
     with ctx.inputs.bind(module):
         with ctx.stages.stage("reference_run", "PyTorch outputs and module call counts"):
@@ -442,17 +431,21 @@ def _export_graph(ctx: ExportContext, output_dir: Path, file: str) -> ExportResu
             st["detail"] = (
                 f"{ctx.tagging.coverage['coverage_pct']}% of {ctx.tagging.coverage['total_nodes']} nodes"
             )
-        ctx.extra["export_settings"] = _settings_record(ctx)
-        _run_passes(ctx)
+        state = PackageState(_settings_record(ctx), graphs, tuple(graphs.files()) if graphs else ())
+        state = run_package_steps(ctx, state)
         with ctx.stages.stage("write", file):
             serialized = _write_model(ctx.model_proto, ctx.staging_dir / file)
-        identical, parity = _verify(ctx, settings, serialized)
-    return _finish(ctx, output_dir, identical, parity, file)
+        identical, parity = _verify(ctx, settings, serialized, state.parity_files)
+    return _finish(ctx, output_dir, identical, parity, file, state)
 
 
 def _prepare(
-    model: Any, cfg: ExportConfig, stages: StageLog, file: str, scope: contextlib.ExitStack
-) -> tuple[LoadedModel, Any, list[tuple[str, ExampleInputs]]]:
+    model: torch.nn.Module | str | os.PathLike[str],
+    cfg: ExportConfig,
+    stages: StageLog,
+    file: str,
+    scope: contextlib.ExitStack,
+) -> tuple[LoadedModel, PreTrainedTokenizerBase | None, list[tuple[str, ExampleInputs]]]:
     """The loaded model, its tokenizer and the graphs to write: (file name, example inputs) each; one graph
     is written as ``file``; ``scope`` holds the model's export-time settings (restored when the export ends)."""
     with stages.stage("load", f"{cfg.dtype} on {cfg.device}") as st:
@@ -482,20 +475,13 @@ def _role(file: str, inputs: ExampleInputs) -> str:
     return getattr(inputs, "role", "") or Path(file).stem.removesuffix("_model")
 
 
-def _package_of(ctx: ExportContext, roles: list[tuple[str, str]]) -> None:
-    """A graph of a multi-graph package: the manifest lists every graph by role (the first runs first), the
-    copies ``--optimize`` / ``--quantize`` write of each (the optimized set is deployed) and every file."""
-    files = [f for _, f in roles]
+def _graph_set(cfg: ExportConfig, roles: list[tuple[str, str]]) -> GraphSet:
+    """A multi-graph package's graphs as its manifest lists them: every graph by role (the first runs first),
+    the copies ``--optimize`` / ``--quantize`` write of each, and the deployed entry (the optimized set's)."""
     graphs = dict(roles)
-    suffixes, deployed = package_variants(ctx.config.optimize, ctx.config.quantize)
+    suffixes, deployed = package_variants(cfg.optimize, cfg.quantize)
     variants = {s: {role: variant_file(f, s) for role, f in graphs.items()} for s in suffixes}
-    ctx.extra[COMPONENTS_KEY] = graphs
-    if variants:
-        ctx.extra[VARIANTS_KEY] = variants
-    if deployed:
-        ctx.extra[DEPLOYED_KEY] = variant_file(files[0], deployed)
-    every = [f for s in (graphs, *variants.values()) for f in s.values()]
-    ctx.extra["package_files"] = [n for f in every for n in (f, sidecar_path_for(f).name)]
+    return GraphSet(graphs, variants, variant_file(roles[0][1], deployed) if deployed else None)
 
 
 def _combined(results: list[ExportResult], stages: StageLog) -> ExportResult:
@@ -542,7 +528,7 @@ def _combined(results: list[ExportResult], stages: StageLog) -> ExportResult:
         stages=stages.stages + [{**s, "graph": r.onnx_path.name} for r in results for s in r.stages],
         files=files,
         notes=list(dict.fromkeys(n for r in results for n in r.notes)),
-        extra=last.extra,
+        package=last.package,
         components={r.onnx_path.name: r for r in results},
     )
 
@@ -553,7 +539,7 @@ def _of_graph(name: str, result: ExportResult) -> bool:
     return name == result.onnx_path.name or name.startswith(f"{stem}_")
 
 
-def _opset(proto: Any) -> int:
+def _opset(proto: onnx.ModelProto) -> int:
     return next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
@@ -571,20 +557,24 @@ def _settings_record(ctx: ExportContext) -> dict[str, Any]:
 
 
 def _finish(
-    ctx: ExportContext, output_dir: Path, identical: bool | None, parity: dict[str, Any] | None, file: str
+    ctx: ExportContext,
+    output_dir: Path,
+    identical: bool | None,
+    parity: dict[str, Any] | None,
+    file: str,
+    state: PackageState,
 ) -> ExportResult:
     cfg = ctx.config
     opset = _opset(ctx.model_proto)
     sidecar_name = sidecar_path_for(file).name
-    ctx.extra["export_settings"][PACKAGE_FILES_KEY] = sorted(
+    package_files = sorted(
         {file, sidecar_name, *ctx.files.values(), *(["export_report.md"] if cfg.with_report else [])}
-        | set(ctx.extra.get("package_files", ()))
+        | set(state.files)
         | {p.name for p in ctx.staging_dir.iterdir() if p.name.startswith(file)}
     )
+    state = replace(state, settings={**state.settings, PACKAGE_FILES_KEY: package_files})
     with ctx.stages.stage("sidecar", sidecar_name):
-        sidecar = build_sidecar(
-            ctx.model_proto, ctx.tree, ctx.tagging, ctx.extra["export_settings"], ctx.loaded.info()
-        )
+        sidecar = build_sidecar(ctx.model_proto, ctx.tree, ctx.tagging, state.settings, ctx.loaded.info())
         write_json(ctx.staging_dir / sidecar_name, sidecar)
     result = ExportResult(
         output_dir=output_dir,
@@ -599,7 +589,7 @@ def _finish(
         stages=ctx.stages.stages,
         files={"model": file, "hierarchy": sidecar_name, **ctx.files},
         notes=ctx.notes,
-        extra=ctx.extra,
+        package=state,
     )
     if cfg.with_report:
         write_text(ctx.staging_dir / "export_report.md", render_export_report(result, ctx.loaded.info()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +234,6 @@ class ExportConfig:
     dtype: str = "float32"
     #: Where PyTorch runs the model for capture and the reference outputs: ``cpu``, ``cuda`` or ``cuda:N``.
     device: str = "cpu"
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         exporter = str(self.exporter).lower()
@@ -281,7 +280,7 @@ class ExportConfig:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["input_specs"] = [s.to_dict() for s in self.input_specs] if self.input_specs else None
         out["torch_nn_exceptions"] = list(self.torch_nn_exceptions)
         out["input_shape"] = list(self.input_shape) if self.input_shape else None

@@ -20,7 +20,7 @@ import math
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from .capture import CaptureSettings, capture, training_modes
 from .context import ExportContext
 from .inputs import ExampleInputs, OtherSize, modality_config
 from .parity import PARITY_RUNNERS, flatten_outputs, runner_for
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEFAULT_STEP", "capture_graph", "probe_other_size", "size_step"]
 
@@ -43,7 +46,9 @@ DEFAULT_STEP = 32
 EXPORT_BUDGET_S, EXPORT_BUDGET_PER_CALL_S = 5.0, 0.05
 
 
-def size_step(module: Any, inputs: ExampleInputs, reference: list[tuple[str, Any]]) -> int:
+def size_step(
+    module: torch.nn.Module, inputs: ExampleInputs, reference: list[tuple[str, torch.Tensor]]
+) -> int:
     """One patch/stride step of the model: the lcm of its config's patch size and the stride its spatial
     outputs show (input size / output size; a 1x1 pooled output shows nothing), else :data:`DEFAULT_STEP`."""
     steps: set[int] = set()
@@ -64,7 +69,11 @@ def size_step(module: Any, inputs: ExampleInputs, reference: list[tuple[str, Any
 
 
 def probe_other_size(
-    module: Any, inputs: ExampleInputs, reference: list[tuple[str, Any]], atol: float, scaled: bool
+    module: torch.nn.Module,
+    inputs: ExampleInputs,
+    reference: list[tuple[str, torch.Tensor]],
+    atol: float,
+    scaled: bool,
 ) -> tuple[OtherSize | None, str]:
     """PyTorch at another size (eager, milliseconds): the :class:`OtherSize` when the model runs there with
     outputs of the same number and ranks, else None; and what happened, in words."""

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .._transformers import CACHE_PARAMETERS, cache_parameter, output_cache
 from ..errors import ConfigError, ExportError
-from ..metadata.schema import KEY_GENERATION
-from ..metadata.store import update_metadata
 from .config import ExportConfig, InputSpec
 from .inputs import ExampleInputs, forward_parameters
 from .parity import check_parity, flatten_outputs, runner_for
+
+if TYPE_CHECKING:
+    import torch
+    from transformers.cache_utils import Cache
 
 __all__ = [
     "WITH_PAST_SUFFIX",
@@ -37,7 +40,9 @@ __all__ = [
     "dynamic_cache",
     "dynamic_cache_leaves",
     "first_step_parity",
-    "generation_package_pass",
+    "GenerationGraph",
+    "GenerationFiles",
+    "write_generation_files",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,7 +60,7 @@ def is_with_past(cfg: ExportConfig) -> bool:
     return bool(cfg.task) and str(cfg.task).strip().lower().endswith(WITH_PAST_SUFFIX)
 
 
-def is_encoder_decoder(module: Any) -> bool:
+def is_encoder_decoder(module: torch.nn.Module) -> bool:
     """A transformers encoder-decoder model: its config says so and it hands out its encoder."""
     config = getattr(module, "config", None)
     return bool(getattr(config, "is_encoder_decoder", False)) and callable(
@@ -207,7 +212,7 @@ class CacheInputs(ExampleInputs):
         }
 
 
-def _prefill(module: Any, ids: Any, cache_arg: str) -> Any:
+def _prefill(module: torch.nn.Module, ids: torch.Tensor, cache_arg: str) -> Cache:
     """A real prefill into a plain ``DynamicCache``: every layer keeps every position (the model's own cache
     trims sliding-window layers to the window, so layers would get different past lengths; the attention
     mask applies the window either way)."""
@@ -226,7 +231,7 @@ def _prefill(module: Any, ids: Any, cache_arg: str) -> Any:
     return cache
 
 
-def cache_layout(cache: Any) -> dict[str, Any]:
+def cache_layout(cache: Cache) -> dict[str, Any]:
     """Layers, key/value heads, head dims and dtype of a filled ``DynamicCache``."""
     keys = [layer.keys for layer in cache.layers]
     first = keys[0]
@@ -250,7 +255,7 @@ def check_with_past_config(cfg: ExportConfig) -> None:
         raise ConfigError(f"task {cfg.task} builds its own inputs and needs dynamic shapes")
 
 
-def build_with_past_inputs(module: Any, cfg: ExportConfig) -> CacheInputs:
+def build_with_past_inputs(module: torch.nn.Module, cfg: ExportConfig) -> CacheInputs:
     """A cached step: ``NEW`` tokens after ``PAST`` tokens whose cache comes from a real prefill."""
     import torch
 
@@ -305,11 +310,12 @@ def _specs(tensors: dict[str, Any], past_names: list[str], vocab: int) -> list[I
 
 
 # ------------------------------------------------------------------------------------------- checks
-def first_step_parity(ctx: Any, model: bytes | Any) -> dict[str, Any]:
+def first_step_parity(
+    inputs: CacheInputs, module: torch.nn.Module, tolerance: float, dtype: str, model: bytes | Path
+) -> dict[str, Any]:
     """Parity of the first step (an empty, zero-length past) against PyTorch's prefill."""
     import torch
 
-    inputs: CacheInputs = ctx.inputs
     ids = inputs.tensors["input_ids"]
     b, s = ids.shape
     layout = inputs.cache_layout
@@ -319,40 +325,41 @@ def first_step_parity(ctx: Any, model: bytes | Any) -> dict[str, Any]:
     if "position_ids" in inputs.tensors:
         feeds["position_ids"] = torch.arange(s).expand(b, s).contiguous()
     with torch.no_grad():
-        reference = flatten_outputs(ctx.loaded.module(**feeds, use_cache=True))
-    dtype = getattr(torch, layout["dtype"])
+        reference = flatten_outputs(module(**feeds, use_cache=True))
+    cache_dtype = getattr(torch, layout["dtype"])
     for name in inputs.past_names:
         dim = layout["head_dim"] if name.endswith(".key") else layout["value_head_dim"]
-        feeds[name] = torch.zeros(b, layout["num_key_value_heads"], 0, dim, dtype=dtype)
+        feeds[name] = torch.zeros(b, layout["num_key_value_heads"], 0, dim, dtype=cache_dtype)
     numpy_feeds = {k: v.numpy() for k, v in feeds.items()}
-    return check_parity(
-        model, numpy_feeds, reference, ctx.config.tolerance, runner_for(ctx.config.dtype)
-    ).to_dict()
+    return check_parity(model, numpy_feeds, reference, tolerance, runner_for(dtype)).to_dict()
 
 
 # ------------------------------------------------------------------------------------------ package
-def generation_package_pass(ctx: Any) -> None:
-    """generation_config.json beside the model, and the cache layout in the embedded metadata (for inputs
-    that describe a generation graph: :class:`CacheInputs`, or a seq2seq step's)."""
-    record_of = getattr(ctx.inputs, "generation_record", None)
-    if record_of is None:
-        return
-    with ctx.stages.stage("generation", "cache layout, generation_config.json") as st:
-        gen_config = getattr(ctx.loaded.module, "generation_config", None)
-        record: dict[str, Any] = {"task": str(ctx.config.task), **record_of()}
-        if gen_config is not None:
-            gen_config.to_json_file(str(ctx.staging_dir / GENERATION_CONFIG_FILE), use_diff=True)
-            ctx.files["generation_config"] = GENERATION_CONFIG_FILE
-            ctx.extra.setdefault("package_files", []).append(GENERATION_CONFIG_FILE)  # listed in the manifest
-            record["generation_config"] = gen_config.to_diff_dict()
-        ctx.extra["generation"] = record
-        if ctx.config.embed_metadata:
-            update_metadata(ctx.model_proto, {KEY_GENERATION: record})
-            ctx.extra.setdefault("metadata", {})[KEY_GENERATION] = record
-        layout = record.get("cache")
-        st["detail"] = (
-            f"{layout['layers']} layers x {layout['num_key_value_heads']} kv heads x {layout['head_dim']}"
-            f" ({layout['dtype']})"
-            if layout
-            else "no cache in this graph"
-        )
+@runtime_checkable
+class GenerationGraph(Protocol):
+    """Example inputs of a graph that generation drives (:class:`CacheInputs`, a seq2seq or VLM step's)."""
+
+    def generation_record(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class GenerationFiles:
+    """What the metadata says about a generation graph (its cache layout, the generation config), and
+    ``generation_config.json`` when the model has a generation config."""
+
+    record: dict[str, Any]
+    config_file: str | None = None
+
+
+def write_generation_files(
+    inputs: GenerationGraph, module: torch.nn.Module, task: str | None, folder: Path
+) -> GenerationFiles:
+    """The generation record of the graph ``inputs`` describe; the model's generation config written into
+    ``folder`` as ``generation_config.json``."""
+    gen_config = getattr(module, "generation_config", None)
+    record: dict[str, Any] = {"task": str(task), **inputs.generation_record()}
+    if gen_config is None:
+        return GenerationFiles(record)
+    gen_config.to_json_file(str(folder / GENERATION_CONFIG_FILE), use_diff=True)
+    record["generation_config"] = gen_config.to_diff_dict()
+    return GenerationFiles(record, GENERATION_CONFIG_FILE)

@@ -8,11 +8,17 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._transformers import quiet_loading
 from ..errors import InvalidModelError, ModelLoadError, ModelNotFoundError
 from .sentence import SentenceFolder, read_sentence_folder
+
+if TYPE_CHECKING:
+    import os
+
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
 
 __all__ = ["LoadedModel", "load_model", "LIBRARIES"]
 
@@ -27,12 +33,12 @@ log = logging.getLogger(__name__)
 class LoadedModel:
     """A model ready to export, and where it came from."""
 
-    module: Any  # torch.nn.Module
+    module: torch.nn.Module
     source: str  # "module" | "huggingface" | "factory" | "sentence-transformers"
     name_or_path: str | None = None
     model_dir: Path | None = None  # local folder holding config/tokenizer files, when there is one
     #: The transformers model inside ``module`` when ``module`` wraps one (a sentence-transformers model).
-    wrapped: Any = None
+    wrapped: PreTrainedModel | None = None
     sentence: SentenceFolder | None = None  # the sentence-transformers folder it came from
 
     def info(self) -> dict[str, Any]:
@@ -47,7 +53,7 @@ class LoadedModel:
         }
 
     @property
-    def hf_config(self) -> Any | None:
+    def hf_config(self) -> PretrainedConfig | None:
         """The transformers config, for Hugging Face models (and the one a wrapper holds)."""
         model = self.module if self.wrapped is None else self.wrapped
         return getattr(model, "config", None) if _is_hf_model(model) else None
@@ -226,7 +232,7 @@ def _load_folder(spec: str, library: str, local: bool) -> LoadedModel:
     return _as_sentence(LoadedModel(inner.module, "huggingface", spec, inner.model_dir), sentence)
 
 
-def load_model(model: Any, library: str = "auto") -> LoadedModel:
+def load_model(model: torch.nn.Module | str | os.PathLike[str], library: str = "auto") -> LoadedModel:
     """Accept an ``nn.Module``, a local HF folder, a hub id, or ``file.py:factory`` / ``pkg.mod:factory``.
 
     ``library`` (one of :data:`LIBRARIES`) says how to read a folder: ``auto`` exports a

@@ -18,15 +18,13 @@ from typing import Any
 
 from .._io import write_json
 from ..errors import InvalidModelError
-from ..metadata.schema import KEY_EMBEDDING
-from ..metadata.store import update_metadata
 
 __all__ = [
     "MODULES_FILE",
     "SENTENCE_OUTPUTS",
     "SentenceFolder",
     "read_sentence_folder",
-    "sentence_package_pass",
+    "fit_tokenizer_length",
 ]
 
 MODULES_FILE = "modules.json"
@@ -134,20 +132,11 @@ def read_sentence_folder(folder: str | Path) -> SentenceFolder | None:
     )
 
 
-def sentence_package_pass(ctx: Any) -> None:
-    """Record the embedding in the metadata, and give the packaged tokenizer the folder's ``max_seq_length``."""
-    folder = getattr(ctx.loaded, "sentence", None)
-    if folder is None:
-        return
-    with ctx.stages.stage("embedding", "pooling and normalize recorded") as st:
-        record = folder.record()
-        ctx.extra["embedding"] = record
-        if ctx.config.embed_metadata:
-            update_metadata(ctx.model_proto, {KEY_EMBEDDING: record})
-            ctx.extra.setdefault("metadata", {})[KEY_EMBEDDING] = record
-        tok_config = ctx.staging_dir / _TOKENIZER_CONFIG
-        if folder.max_seq_length and tok_config.is_file():
-            data = _read_json(tok_config)
-            data["model_max_length"] = folder.max_seq_length
-            write_json(tok_config, data)
-        st["detail"] = f"{'+'.join(folder.pooling)} pooling" + (", normalized" if folder.normalize else "")
+def fit_tokenizer_length(folder: SentenceFolder, package: Path) -> None:
+    """Give the tokenizer config copied into ``package`` the folder's ``max_seq_length`` (where
+    sentence-transformers truncates), so the packaged tokenizer truncates there too."""
+    tok_config = package / _TOKENIZER_CONFIG
+    if folder.max_seq_length and tok_config.is_file():
+        data = _read_json(tok_config)
+        data["model_max_length"] = folder.max_seq_length
+        write_json(tok_config, data)

@@ -7,7 +7,7 @@ the node counts, the time and the pass's own ``record``. A pass declares ``in_pl
 edits and returns its input (cheap for large models), False when its input stays untouched. A pass
 that needs the model as it was before it (re-tagging) must only follow passes with ``in_place=False``.
 Export's tagging and metadata embedding are not passes: they are steps of the package export writes
-(``export/api.py``), which needs the PyTorch module beside the graph.
+(``export/api.py``, ``export/package.py``), which need the PyTorch module beside the graph.
 """
 
 from __future__ import annotations

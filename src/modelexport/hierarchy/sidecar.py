@@ -1,6 +1,6 @@
 """``model_hierarchy.json``: module info (R9), node -> tag map, tensor tags (R13), settings, coverage.
 
-Built from the tagging alone (hierarchy layer), so the export and the package passes above it
+Built from the tagging alone (hierarchy layer), so the export and the package steps above it
 (``export --quantize``) write it the same way.
 """
 

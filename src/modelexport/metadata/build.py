@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._transformers import image_processor_class, stack_versions
 from .._version import __version__
@@ -15,7 +16,15 @@ from ..errors import MetadataError, TaskDetectionError
 from . import schema as S
 from .tasks import architectures_of, detect_task, normalize_task
 
+if TYPE_CHECKING:
+    import onnx
+    import torch
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
 __all__ = [
+    "BuiltMetadata",
+    "ExportFacts",
+    "ModelSource",
     "build_metadata",
     "processor_config_of",
     "classify_processor_config",
@@ -109,7 +118,7 @@ def complete_processor_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return json.loads(proc.to_json_string())
 
 
-def _tokenizer_section(tokenizer: Any) -> dict[str, Any]:
+def _tokenizer_section(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
     init = getattr(tokenizer, "init_kwargs", {}) or {}
     section: dict[str, Any] = {"tokenizer_class": type(tokenizer).__name__}
     for key in _TOKENIZER_KEYS:
@@ -137,7 +146,7 @@ def _read_preprocessor(model_dir: Path | None) -> dict[str, Any] | None:
 
 
 def processor_config_of(
-    tokenizer: Any, model_dir: Path | None, user: dict[str, Any] | None
+    tokenizer: PreTrainedTokenizerBase | None, model_dir: Path | None, user: dict[str, Any] | None
 ) -> dict[str, Any]:
     """The ``hf_processor_config`` value: one flat dict, as transformers' own processor configs are.
 
@@ -160,18 +169,18 @@ def processor_config_of(
     return out
 
 
-def _dims(value_info: Any) -> list[int | str]:
+def _dims(value_info: onnx.ValueInfoProto) -> list[int | str]:
     shape = value_info.type.tensor_type.shape
     return [d.dim_param or (d.dim_value if d.HasField("dim_value") else "?") for d in shape.dim]
 
 
-def graph_io(model_proto: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def graph_io(model_proto: onnx.ModelProto) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(inputs, outputs) of the graph: name, dims (int or symbolic name) and element type."""
     import onnx
 
     init = {t.name for t in model_proto.graph.initializer}
 
-    def describe(v: Any) -> dict[str, Any]:
+    def describe(v: onnx.ValueInfoProto) -> dict[str, Any]:
         elem = v.type.tensor_type.elem_type
         return {
             "name": v.name,
@@ -185,18 +194,60 @@ def graph_io(model_proto: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
     )
 
 
-def _model_config(ctx: Any) -> dict[str, Any] | None:
-    hf = ctx.loaded.hf_config
+class ModelSource(Protocol):
+    """What the metadata and the package files read of the model being exported (export's ``LoadedModel``)."""
+
+    @property
+    def module(self) -> torch.nn.Module: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def name_or_path(self) -> str | None: ...
+
+    @property
+    def model_dir(self) -> Path | None: ...
+
+    @property
+    def hf_config(self) -> PretrainedConfig | None: ...
+
+
+@dataclass(frozen=True)
+class ExportFacts:
+    """What one export knows that its metadata records: the tagged graph, the model, the settings."""
+
+    proto: onnx.ModelProto
+    model: ModelSource
+    #: The export settings record (as in the sidecar): opset, input/output names, dynamic axes.
+    settings: Mapping[str, Any]
+    exporter: str
+    static_shapes: bool
+    task: str | None = None
+    id2label: Mapping[int, str] | None = None
+    processor_config: dict[str, Any] | None = None
+    tokenizer: PreTrainedTokenizerBase | None = None
+
+
+@dataclass(frozen=True)
+class BuiltMetadata:
+    """The decoded metadata of one export, and what the export should tell the user about it."""
+
+    values: dict[str, Any]
+    notes: tuple[str, ...] = ()
+
+
+def _model_config(facts: ExportFacts) -> dict[str, Any] | None:
+    model = facts.model
+    hf = model.hf_config
     if hf is not None:
         config = json.loads(hf.to_json_string(use_diff=False))
         if Path(str(config.get("_name_or_path") or "")).is_absolute():  # where the exporting machine kept it
             config.pop("_name_or_path")
         return config
-    if ctx.loaded.source == "huggingface":
-        raise MetadataError(
-            f"{ctx.loaded.name_or_path}: a transformers model without a config cannot be packaged"
-        )
-    labels = ctx.config.id2label
+    if model.source == "huggingface":
+        raise MetadataError(f"{model.name_or_path}: a transformers model without a config cannot be packaged")
+    labels = facts.id2label
     if labels:
         return {
             "id2label": {str(k): v for k, v in labels.items()},
@@ -205,25 +256,22 @@ def _model_config(ctx: Any) -> dict[str, Any] | None:
     return None
 
 
-def _task(ctx: Any) -> str | None:
-    if ctx.config.task:
-        return normalize_task(ctx.config.task)
-    if ctx.loaded.hf_config is None:
-        ctx.notes.append(
-            "plain torch model: no task embedded (pass task=... / --task so pipelines can detect it)"
-        )
-        return None
+def _task(facts: ExportFacts) -> tuple[str | None, str | None]:
+    """The task to embed, and a note when there is none."""
+    if facts.task:
+        return normalize_task(facts.task), None
+    if facts.model.hf_config is None:
+        return None, "plain torch model: no task embedded (pass task=... / --task so pipelines can detect it)"
     try:
-        return detect_task(architectures_of(ctx.loaded.module, ctx.loaded.hf_config))
+        return detect_task(architectures_of(facts.model.module, facts.model.hf_config)), None
     except TaskDetectionError as exc:
-        ctx.notes.append(f"task not detected: {exc}")
-        return None
+        return None, f"task not detected: {exc}"
 
 
-def build_metadata(ctx: Any) -> dict[str, Any]:
+def build_metadata(facts: ExportFacts) -> BuiltMetadata:
     """The decoded schema-2.0 metadata for one export (see :mod:`modelexport.metadata.schema`)."""
-    settings = ctx.extra.get("export_settings", {})
-    inputs, outputs = graph_io(ctx.model_proto)
+    settings = facts.settings
+    inputs, outputs = graph_io(facts.proto)
     values: dict[str, Any] = {
         S.KEY_VERSION: S.METADATA_VERSION,
         S.KEY_TIMESTAMP: datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -231,8 +279,8 @@ def build_metadata(ctx: Any) -> dict[str, Any]:
         S.KEY_LIBRARIES: stack_versions(),
         S.KEY_EXPORT_CONFIG: {
             "opset": settings.get("opset"),
-            "exporter": ctx.config.exporter,
-            "static_shapes": ctx.config.static_shapes,
+            "exporter": facts.exporter,
+            "static_shapes": facts.static_shapes,
             "dynamic_axes": settings.get("dynamic_axes"),
             "hierarchy_tags_enabled": True,
             "input_names": settings.get("input_names"),
@@ -240,15 +288,15 @@ def build_metadata(ctx: Any) -> dict[str, Any]:
         },
         S.KEY_INPUTS: inputs,
         S.KEY_OUTPUTS: outputs,
-        "modelexport.model": {"class": type(ctx.loaded.module).__name__, "source": ctx.loaded.source},
+        "modelexport.model": {"class": type(facts.model.module).__name__, "source": facts.model.source},
     }
-    config = _model_config(ctx)
+    config = _model_config(facts)
     if config is not None:
         values[S.KEY_MODEL_CONFIG] = config
-    processor = processor_config_of(ctx.tokenizer, ctx.loaded.model_dir, ctx.config.processor_config)
+    processor = processor_config_of(facts.tokenizer, facts.model.model_dir, facts.processor_config)
     if processor:
         values[S.KEY_PROCESSOR_CONFIG] = processor
-    task = _task(ctx)
+    task, note = _task(facts)
     if task:
         values[S.KEY_TASK] = task
-    return values
+    return BuiltMetadata(values, (note,) if note else ())

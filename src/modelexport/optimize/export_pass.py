@@ -1,9 +1,12 @@
-"""The package passes of ``modelexport export`` that live in this layer.
+"""The optimized and quantized copies ``modelexport export`` writes into its package.
+
+Export's steps call these with a :class:`VariantSource` (the tagged graph, its sidecar, the staging folder)
+and record the :class:`GraphVariant` each returns; nothing here reads export's own state.
 
 ``--optimize O1..O4`` writes ``model_<level>.onnx`` with the same :func:`optimize_with_record` as
 ``modelexport optimize -O*`` and records it as the package's deployed model (what ``infer``,
 ``pipeline()`` and ``evaluate`` load from the folder); export checks it against PyTorch like
-``model.onnx`` (:data:`PARITY_FILES_KEY`).
+``model.onnx`` (:attr:`GraphVariant.parity_atol`).
 
 ``--quantize dynamic|static`` writes ``model_<mode>.onnx`` with the same :func:`quantize_proto` as
 ``modelexport quantize``, from the optimized graph when there is one. Static mode calibrates on the
@@ -17,32 +20,60 @@ says which sets the passes write, so the manifest can list them (and the deploye
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .._io import write_json
-from ..hierarchy.sidecar import build_sidecar
+from ..hierarchy.passes import PassStep
 from ..inference.feeds import SampleSet
-from ..onnxfile import COMPONENTS_KEY, record_deployed_model, save_onnx, sidecar_path_for, variant_file
+from ..onnxfile import record_deployed_model, save_onnx, sidecar_path_for, variant_file
 from .carry import remap_sidecar
 from .config import OptimizeConfig, QuantizeConfig
 from .graph import op_changes, optimize_with_record
 from .quantization import quantize_proto
 from .retag import tag_coverage
 
+if TYPE_CHECKING:
+    import onnx
+
 __all__ = [
-    "OPTIMIZED_KEY",
-    "PARITY_FILES_KEY",
-    "optimize_package_pass",
+    "GraphVariant",
+    "VariantSource",
     "package_variants",
-    "quantize_package_pass",
+    "parity_atol",
+    "write_optimized",
+    "write_quantized",
 ]
 
-#: ``ctx.extra`` key: the optimized ModelProto (quantization starts from it).
-OPTIMIZED_KEY = "optimized_proto"
-#: ``ctx.extra`` key: {file name in the package: parity tolerance}; export checks each against PyTorch.
-PARITY_FILES_KEY = "parity_files"
 #: Extra parity tolerance of numerics-changing options (tanh Gelu, float16), added to the export's atol.
 APPROXIMATION_ATOL = {"approximate_gelu": 1e-3, "fp16": 2e-2}
+
+
+@dataclass(frozen=True)
+class VariantSource:
+    """What a copy is made from: the tagged graph, its sidecar, and where the copies go
+    (``<folder>/<stem>_<suffix>.onnx``, named after ``model_file``)."""
+
+    proto: onnx.ModelProto
+    sidecar: dict[str, Any]
+    folder: Path
+    model_file: str
+
+
+@dataclass(frozen=True)
+class GraphVariant:
+    """A copy written beside the graph (``model_O2.onnx`` + its sidecar) and what the export records of it."""
+
+    proto: onnx.ModelProto
+    file: str
+    sidecar_file: str
+    coverage_pct: float
+    #: What was done: the optimization's file, preset, fusions and op changes; the quantization's record.
+    record: dict[str, Any]
+    notes: tuple[str, ...] = ()
+    #: The tolerance export checks the copy against PyTorch with (None: not checked).
+    parity_atol: float | None = None
 
 
 def package_variants(optimize: str | None, quantize: str | None) -> tuple[list[str], str | None]:
@@ -53,17 +84,12 @@ def package_variants(optimize: str | None, quantize: str | None) -> tuple[list[s
     return [s for s in (level, mode) if s], level
 
 
-def _sidecar(ctx: Any) -> dict[str, Any]:
-    settings = ctx.extra.get("export_settings", {})
-    return build_sidecar(ctx.model_proto, ctx.tree, ctx.tagging, settings, ctx.loaded.info())
-
-
 def parity_atol(cfg: OptimizeConfig, atol: float) -> float:
     """The tolerance an optimized graph is held to: the export's, widened by the approximations it asks for."""
     return atol + sum(extra for option, extra in APPROXIMATION_ATOL.items() if getattr(cfg, option))
 
 
-def fusion_summary(steps: list[Any]) -> str:
+def fusion_summary(steps: list[PassStep]) -> str:
     """'attention 2, skip_layer_normalization 4, ...' from the transformer-fusion record: onnxscript's
     matches, then what ORT's transformer optimizer left in the graph when it ran ('' without fusion)."""
     for step in steps:
@@ -77,56 +103,43 @@ def fusion_summary(steps: list[Any]) -> str:
     return ""
 
 
-def optimize_package_pass(ctx: Any) -> None:
-    """Write ``<stem>_<level>.onnx`` (+ sidecar) when ``config.optimize`` names a level; it becomes the
-    deployed model of the package and is checked against PyTorch after the write."""
-    level = ctx.config.optimize
-    if level in (None, "none"):
-        return
+def _write(
+    source: VariantSource, model: onnx.ModelProto, suffix: str, transform: dict[str, Any]
+) -> tuple[str, str]:
+    """Save ``model`` as the ``suffix`` copy with its sidecar; their file names."""
+    name = variant_file(source.model_file, suffix)
+    save_onnx(model, source.folder / name)
+    side = sidecar_path_for(source.folder / name)
+    write_json(side, remap_sidecar(source.sidecar, model, transform))
+    return name, side.name
+
+
+def write_optimized(source: VariantSource, level: str, tolerance: float, *, deploy: bool) -> GraphVariant:
+    """Write ``<stem>_<level>.onnx`` (+ sidecar); ``deploy`` records it as the package's deployed model (one
+    graph; a package's graph set is recorded with its manifest). It is held to ``tolerance``, widened by the
+    approximations the level asks for."""
     cfg = OptimizeConfig.preset(level)
-    with ctx.stages.stage("optimize", level) as st:
-        optimized, steps, _ = optimize_with_record(ctx.model_proto, cfg)
-        name = variant_file(ctx.model_file, level)
-        save_onnx(optimized, ctx.staging_dir / name)
-        side = sidecar_path_for(ctx.staging_dir / name)
-        write_json(side, remap_sidecar(_sidecar(ctx), optimized, {"kind": "optimize", **cfg.record()}))
-        if COMPONENTS_KEY not in ctx.extra:  # a package's graph set is recorded with the package's manifest
-            record_deployed_model(ctx.staging_dir, name)
-        ctx.files[f"optimized_{level}"] = name
-        ctx.files[f"optimized_{level}_hierarchy"] = side.name
-        ctx.extra[OPTIMIZED_KEY] = optimized
-        ctx.extra.setdefault(PARITY_FILES_KEY, {})[name] = parity_atol(cfg, ctx.config.tolerance)
-        changes = op_changes(ctx.model_proto, optimized)
-        fused = fusion_summary(steps)
-        coverage = tag_coverage(optimized)["coverage_pct"]
-        st["detail"] = f"{name}: {len(optimized.graph.node)} nodes, tags {coverage}%"
-        ctx.extra["optimization"] = {"file": name, "preset": level, "fused": fused, "op_changes": changes}
-        ctx.notes.append(
-            f"-{level}: {name} is deployed ({len(ctx.model_proto.graph.node)} -> "
-            f"{len(optimized.graph.node)} nodes, tags {coverage}%)" + (f"; fused: {fused}" if fused else "")
-        )
+    optimized, steps, _ = optimize_with_record(source.proto, cfg)
+    name, side = _write(source, optimized, level, {"kind": "optimize", **cfg.record()})
+    if deploy:
+        record_deployed_model(source.folder, name)
+    changes = op_changes(source.proto, optimized)
+    fused = fusion_summary(steps)
+    coverage = tag_coverage(optimized)["coverage_pct"]
+    note = (
+        f"-{level}: {name} is deployed ({len(source.proto.graph.node)} -> "
+        f"{len(optimized.graph.node)} nodes, tags {coverage}%)" + (f"; fused: {fused}" if fused else "")
+    )
+    record = {"file": name, "preset": level, "fused": fused, "op_changes": changes}
+    return GraphVariant(optimized, name, side, coverage, record, (note,), parity_atol(cfg, tolerance))
 
 
-def quantize_package_pass(ctx: Any) -> None:
-    """Write ``<stem>_dynamic.onnx`` / ``<stem>_static.onnx`` (+ its sidecar) when ``config.quantize`` asks."""
-    mode = ctx.config.quantize
-    if mode in (None, "none"):
-        return
-    samples = None
-    if mode == "static":
-        samples = SampleSet([ctx.inputs.as_numpy()], None, "example inputs")
-        ctx.notes.append(
-            "static quantization calibrated on the export's example inputs only; "
-            "use `modelexport quantize --mode static --calibration-data` for real calibration"
-        )
-    with ctx.stages.stage("quantize", mode) as st:
-        source = ctx.extra.get(OPTIMIZED_KEY, ctx.model_proto)
-        quantized, facts = quantize_proto(source, QuantizeConfig(mode=mode, progress=False), samples)
-        name = variant_file(ctx.model_file, mode)
-        save_onnx(quantized, ctx.staging_dir / name)
-        side = sidecar_path_for(ctx.staging_dir / name)
-        write_json(side, remap_sidecar(_sidecar(ctx), quantized, {"kind": "quantize", **facts["record"]}))
-        ctx.files[f"quantized_{mode}"] = name
-        ctx.files[f"quantized_{mode}_hierarchy"] = side.name
-        ctx.notes.extend(facts["notes"])
-        st["detail"] = f"{name}: {len(quantized.graph.node)} nodes, tags {facts['retag']['coverage_pct']}%"
+def write_quantized(
+    source: VariantSource, start: onnx.ModelProto, mode: str, samples: SampleSet | None
+) -> GraphVariant:
+    """Write ``<stem>_<mode>.onnx`` (+ sidecar): ``start`` (the optimized graph, else the tagged one) quantized,
+    static mode calibrated on ``samples``."""
+    quantized, facts = quantize_proto(start, QuantizeConfig(mode=mode, progress=False), samples)
+    name, side = _write(source, quantized, mode, {"kind": "quantize", **facts["record"]})
+    coverage = facts["retag"]["coverage_pct"]
+    return GraphVariant(quantized, name, side, coverage, facts["record"], tuple(facts["notes"]))
