@@ -227,7 +227,10 @@ def test_cli_infer_generates(t5_with_past: Any, capsys: pytest.CaptureFixture[st
     assert doc["task"] == "text2text-generation"
     assert doc["predictions"][0]["generated_text"]  # one dict per text, as transformers
     assert main(["infer", str(out), "--text", PROMPTS[0], "--max-new-tokens", "3", "--num-beams", "1"]) == 0
-    assert capsys.readouterr().err.strip(), "one greedy prompt streams its tokens to stderr"
+    streamed = capsys.readouterr().out
+    label = f"{PROMPTS[0][:60]} -> "
+    assert label in streamed, "one greedy prompt streams its tokens after its label, on stdout"
+    assert streamed.split(label, 1)[1].split("\n", 1)[0].strip()
 
 
 def test_refusals_come_before_any_output(t5_with_past: Any, tmp_path: Path) -> None:
