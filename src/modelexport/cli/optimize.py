@@ -324,6 +324,8 @@ def quantize_cmd(model: str, output: str, preset: str | None, overwrite: bool, *
 
     MODEL is a .onnx file or a package folder; an encoder-decoder package (three graphs) is quantized
     graph by graph (dynamic mode, or weight-only rtn/hqq) into the folder -o, a complete package.
+    A model ONNX Runtime cannot load, metadata whose checksum or sidecar does not verify, and data files
+    (--eval-data, --calibration-data) that do not fit the model are refused before anything is written.
     """
     fmt = opts.pop("fmt")
     node_data = opts.pop("node_data")
@@ -468,7 +470,8 @@ def optimize_cmd(model: str, output: str, fmt: str, preset: str | None, overwrit
     """Optimize MODEL's graph; fused nodes are tagged with the common module of what they replaced.
 
     MODEL is a .onnx file or a package folder; an encoder-decoder package (three graphs) is optimized
-    graph by graph into the folder -o, a complete package.
+    graph by graph into the folder -o, a complete package. A model ONNX Runtime cannot load and metadata
+    whose checksum or sidecar does not verify are refused before anything is written.
     """
     base = OptimizeConfig.preset(preset) if preset else OptimizeConfig()
     config = base.with_changes(**{k: v for k, v in opts.items() if v is not None and v is not False})
