@@ -9,10 +9,11 @@ import click
 
 from ..batch.evaluate import evaluate_batch
 from ..errors import ConfigError
-from ..inference.evaluate import LOOPS, Iteration, evaluate
+from ..inference.evaluate import evaluate
 from ..testtime.policy import STATISTICS, TestTimePolicy
 from .display import echo, progress
 from .options import ray_engine_options
+from .test_time_options import ensemble_iteration_options, iteration_from
 
 __all__ = ["evaluate_cmd"]
 
@@ -189,35 +190,7 @@ def _table(result: Any) -> str:
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed for random TTA transforms and MC dropout."
 )
-@click.option(
-    "--ensemble",
-    "ensemble",
-    multiple=True,
-    type=click.Path(exists=True),
-    help="Another model (repeatable; e.g. MODEL's int8 twin model_dynamic.onnx) whose probabilities are "
-    "averaged with MODEL's, each under the same policy.",
-)
-@click.option(
-    "--iterate",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Iterative inference: up to N steps, each step's --feedback outputs fed back as inputs (which start "
-    "at the data's values, or zeros); the first fed-back output is the prediction.",
-)
-@click.option("--feedback", default="", help="--iterate: OUTPUT:INPUT pairs, comma separated (logits:prev).")
-@click.option(
-    "--loop",
-    type=click.Choice(list(LOOPS)),
-    default="external",
-    show_default=True,
-    help="--iterate: one session run per step (external), or every step in one ONNX Loop (onnx).",
-)
-@click.option(
-    "--tol",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="--iterate: stop when the largest change of a fed-back value is below this.",
-)
+@ensemble_iteration_options("", "which start at the data's values, or zeros")
 @click.option("--baseline", is_flag=True, help="Also measure the plain model.")
 @ray_engine_options(
     "local: this process; ray: Ray actors, the policy applied inside each (needs "
@@ -295,9 +268,7 @@ def evaluate_cmd(
         seed=seed,
     )
     ep = [p for p in (providers or "").split(",") if p]
-    iteration = Iteration.parse(iterate, feedback, loop, tol) if iterate is not None else None
-    if iteration is None and (feedback or tol is not None or loop != "external"):
-        raise ConfigError("--feedback, --loop and --tol need --iterate N")
+    iteration = iteration_from(iterate, feedback, loop, tol)
     if engine == "local":
         if num_workers != 1 or address:
             raise click.UsageError("--num-workers and --address need --engine ray")

@@ -23,10 +23,10 @@ from ..metadata import read_metadata
 from ..metadata.schema import KEY_TEST_TIME_POLICY
 from ..metadata.tasks import normalize_task
 from ..onnxfile import resolve_model_path
-from ..testtime.iterative import LOOPS, Iteration
 from ..testtime.policy import TestTimePolicy
 from .display import WrappedStream, echo, progress
 from .options import overwrite_option, ray_engine_options
+from .test_time_options import ensemble_iteration_options, iteration_from
 
 __all__ = ["infer_cmd"]
 
@@ -336,28 +336,7 @@ def _check_generation_options(
     help="Classifiers: MC-dropout passes per input, added to the embedded test-time policy (0: off; needs an "
     "export with --keep-dropout).",
 )
-@click.option(
-    "--ensemble",
-    "ensemble",
-    multiple=True,
-    type=click.Path(exists=True),
-    help="Classifiers: another model (repeatable; e.g. the int8 twin) whose probabilities are averaged with "
-    "MODEL's.",
-)
-@click.option(
-    "--iterate",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Classifiers: iterative inference, up to N steps feeding --feedback outputs back (from zeros).",
-)
-@click.option("--feedback", default="", help="--iterate: OUTPUT:INPUT pairs, comma separated.")
-@click.option(
-    "--loop",
-    type=click.Choice(list(LOOPS)),
-    default="external",
-    show_default=True,
-    help="--iterate: one run per step (external) or one ONNX Loop (onnx).",
-)
+@ensemble_iteration_options("Classifiers: ", "from zeros")
 @click.option("--json", "as_json", is_flag=True, help="Print predictions and timing as JSON.")
 @_batch_options
 @_generation_options
@@ -377,6 +356,7 @@ def infer_cmd(
     iterate: int | None,
     feedback: str,
     loop: str,
+    tol: float | None,
     as_json: bool,
     **options: Any,
 ) -> int:
@@ -390,9 +370,7 @@ def infer_cmd(
     _batch_only(batch, bool(texts or images or audio or question))
     task, prompt = _speech_options(task, language)
     policy = _test_time_policy(model, mc_dropout)
-    iteration = Iteration.parse(iterate, feedback, loop) if iterate is not None else None
-    if iteration is None and (feedback or loop != "external"):
-        raise ConfigError("--feedback and --loop need --iterate N")
+    iteration = iteration_from(iterate, feedback, loop, tol)
     if batch["data"] is not None:
         if mc_dropout is not None or ensemble or iteration:
             raise ConfigError(
