@@ -19,21 +19,29 @@ def ensemble_iteration_options(subject: str, start: str) -> Callable[[Any], Any]
     """``--ensemble``, ``--iterate``, ``--feedback``, ``--loop``, ``--tol`` (``evaluate``, ``infer``): one
     definition, so both commands take and explain them alike. ``subject`` starts each help text (``"Classifiers: "``
     or ``""``); ``start`` says where fed-back inputs start."""
+
+    def sentence(text: str) -> str:
+        return text[:1].upper() + text[1:]
+
     options = [
         click.option(
             "--ensemble",
             "ensemble",
             multiple=True,
             type=click.Path(exists=True),
-            help=f"{subject}another model (repeatable; e.g. MODEL's int8 twin model_dynamic.onnx) whose "
-            "probabilities are averaged with MODEL's, each under the same policy.",
+            help=sentence(
+                f"{subject}another model (repeatable; e.g. MODEL's int8 twin model_dynamic.onnx) whose "
+                "probabilities are averaged with MODEL's, each under the same policy."
+            ),
         ),
         click.option(
             "--iterate",
             type=click.IntRange(min=1),
             default=None,
-            help=f"{subject}iterative inference: up to N steps, each step's --feedback outputs fed back as "
-            f"inputs ({start}); the first fed-back output is the prediction.",
+            help=sentence(
+                f"{subject}iterative inference: up to N steps, each step's --feedback outputs fed back as "
+                f"inputs ({start}); the first fed-back output is the prediction."
+            ),
         ),
         click.option(
             "--feedback", default="", help="--iterate: OUTPUT:INPUT pairs, comma separated (logits:prev)."
