@@ -25,7 +25,7 @@ from ..metadata.tasks import normalize_task
 from ..onnxfile import resolve_model_path
 from ..testtime.policy import TestTimePolicy
 from .display import WrappedStream, echo, progress
-from .options import overwrite_option, ray_engine_options
+from .options import overwrite_option, ray_engine_options, stacked
 from .test_time_options import ensemble_iteration_options, iteration_from
 
 __all__ = ["infer_cmd"]
@@ -136,8 +136,7 @@ def _batch_options(fn: Any) -> Any:
             "--input-column", default=None, help="The text or image-path column (default: detected by name)."
         ),
     ]
-    for option in reversed(options):
-        fn = option(fn)
+    fn = stacked(options)(fn)
     return ray_engine_options(
         "local: this process, with a progress bar; ray: Ray Data actors (pip install 'modelexport[distributed]')."
     )(fn)
@@ -261,9 +260,7 @@ GENERATION_KEYS = (
 
 
 def _generation_options(fn: Any) -> Any:
-    for option in reversed(_GENERATION_OPTIONS):
-        fn = option(fn)
-    return fn
+    return stacked(_GENERATION_OPTIONS)(fn)
 
 
 def _check_generation_options(

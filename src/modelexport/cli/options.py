@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
 from ..runtime.session import check_providers
 
-__all__ = ["ray_engine_options", "overwrite_option", "VALUE_CHECKS"]
+__all__ = ["ray_engine_options", "overwrite_option", "stacked", "VALUE_CHECKS"]
 
 
 def _providers(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -67,6 +67,12 @@ def ray_engine_options(engine_help: str) -> Callable[[Any], Any]:
             help="Ray cluster to join: auto or ray://HOST:10001 (default: start a local one).",
         ),
     ]
+
+    return stacked(options)
+
+
+def stacked(options: Sequence[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+    """One decorator applying ``options`` in order (the first is listed first in ``--help``)."""
 
     def apply(fn: Any) -> Any:
         for option in reversed(options):

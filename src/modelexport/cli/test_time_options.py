@@ -11,6 +11,7 @@ import click
 
 from ..errors import ConfigError
 from ..testtime.iterative import LOOPS, Iteration
+from .options import stacked
 
 __all__ = ["ensemble_iteration_options", "iteration_from"]
 
@@ -61,12 +62,7 @@ def ensemble_iteration_options(subject: str, start: str) -> Callable[[Any], Any]
         ),
     ]
 
-    def apply(fn: Any) -> Any:
-        for option in reversed(options):
-            fn = option(fn)
-        return fn
-
-    return apply
+    return stacked(options)
 
 
 def iteration_from(iterate: int | None, feedback: str, loop: str, tol: float | None) -> Iteration | None:
