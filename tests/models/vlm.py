@@ -25,6 +25,15 @@ CHAT_TEMPLATE = (
 _TEXT = dict(
     hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
 )
+#: The vision towers' widths (CLIP, SigLIP, Idefics3): 32 x 32 images in 8 x 8 patches.
+_VISION = dict(
+    hidden_size=32,
+    intermediate_size=37,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    image_size=32,
+    patch_size=8,
+)
 
 
 def _tokenizer(tokenizer_dir: Path, specials: list[str], extra: dict[str, str] | None = None) -> Any:
@@ -82,12 +91,7 @@ def save_llava(tokenizer_dir: Path, folder: Path, seed: int = 0) -> Path:
     config = transformers.LlavaConfig(
         vision_config=dict(
             model_type="clip_vision_model",
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
+            **_VISION,
             projection_dim=32,
         ),
         text_config=dict(model_type="llama", max_position_embeddings=512, **_ids(tok), **_TEXT),
@@ -172,14 +176,7 @@ def save_idefics3(tokenizer_dir: Path, folder: Path, seed: int = 0) -> Path:
     specials += [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)]
     tok = _tokenizer(tokenizer_dir, specials)
     config = transformers.Idefics3Config(
-        vision_config=dict(
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
-        ),
+        vision_config=dict(_VISION),
         text_config=dict(model_type="llama", max_position_embeddings=512, **_ids(tok), **_TEXT),
         image_token_id=tok.convert_tokens_to_ids("<image>"),
         scale_factor=2,
@@ -223,12 +220,7 @@ def save_gemma3(tokenizer_dir: Path, folder: Path, seed: int = 0) -> Path:
     config = transformers.Gemma3Config(
         vision_config=dict(
             model_type="siglip_vision_model",
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
+            **_VISION,
         ),
         text_config=text,
         mm_tokens_per_image=4,
@@ -262,12 +254,7 @@ def save_paligemma(tokenizer_dir: Path, folder: Path, seed: int = 0) -> Path:
     config = transformers.PaliGemmaConfig(
         vision_config=dict(
             model_type="siglip_vision_model",
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            image_size=32,
-            patch_size=8,
+            **_VISION,
             projection_dim=32,
         ),
         text_config={**text, **_ids(tok)},
