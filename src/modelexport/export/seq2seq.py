@@ -53,6 +53,7 @@ __all__ = [
     "DECODER_WITH_PAST_FILE",
     "SEQ2SEQ_FILES",
     "SEQ2SEQ_UNSUPPORTED_OPTIONS",
+    "refuse_graph_set_options",
     "SEQ2SEQ_TASKS",
     "check_seq2seq_config",
     "is_seq2seq_task",
@@ -130,17 +131,32 @@ def _past_step(call: StepFn, module: Any, **inputs: Any) -> tuple[Any, ...]:
 def check_seq2seq_config(cfg: ExportConfig) -> None:
     """The options an encoder-decoder export refuses, checked before the model loads."""
     check_with_past_config(cfg)
-    given = [o for o in SEQ2SEQ_UNSUPPORTED_OPTIONS if getattr(cfg, o) not in (None, False, "none")]
+    refuse_graph_set_options(
+        cfg,
+        [],
+        "export without it",
+        "a decoder's activation ranges depend on the step, the past length and the encoder output, and the "
+        "export has one random example of each",
+        "int8 weights, activation ranges computed at run time: no calibration",
+    )
+
+
+def refuse_graph_set_options(
+    cfg: ExportConfig, given: list[str], plain: str, static_why: str, dynamic_what: str
+) -> None:
+    """What an export of several graphs (encoder-decoder, vision-language) refuses: the single-graph options
+    (plus ``given``, the caller's own), and ``--quantize static`` (``static_why``: one example per graph
+    cannot calibrate it)."""
+    given = [o for o in SEQ2SEQ_UNSUPPORTED_OPTIONS if getattr(cfg, o) not in (None, False, "none")] + given
     if given:
         raise ConfigError(
             f"task {cfg.task} writes three graphs; {', '.join(given)} is not supported for it yet",
-            hint="export without it; --optimize and --quantize dynamic run on every graph",
+            hint=f"{plain}; --optimize and --quantize dynamic run on every graph",
         )
     if cfg.quantize == "static":
         raise ConfigError(
-            f"task {cfg.task}: --quantize static is refused; a decoder's activation ranges depend on the step, "
-            "the past length and the encoder output, and the export has one random example of each",
-            hint="use --quantize dynamic (int8 weights, activation ranges computed at run time: no calibration)",
+            f"task {cfg.task}: --quantize static is refused; {static_why}",
+            hint=f"use --quantize dynamic ({dynamic_what})",
         )
 
 

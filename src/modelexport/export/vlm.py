@@ -50,7 +50,7 @@ from ..metadata.tasks import normalize_task
 from .config import ExportConfig, InputSpec
 from .generation import cache_layout, dynamic_cache, dynamic_cache_leaves, is_with_past, register_cache_pytree
 from .inputs import forward_parameters
-from .seq2seq import SEQ2SEQ_UNSUPPORTED_OPTIONS
+from .seq2seq import refuse_graph_set_options
 from .steps import StepFn, StepInputs
 
 __all__ = [
@@ -102,23 +102,18 @@ def check_vlm_config(cfg: ExportConfig) -> None:
             f"task {cfg.task} builds its inputs from the model's processor, with dynamic shapes",
             hint="leave out --input-specs, --input-shape, --text and --static-shapes",
         )
-    given = [o for o in SEQ2SEQ_UNSUPPORTED_OPTIONS if getattr(cfg, o) not in (None, False, "none")]
-    given += [
-        f"{o} {getattr(cfg, o)}"
-        for o, plain in (("dtype", "float32"), ("device", "cpu"))
-        if getattr(cfg, o) != plain
-    ]
-    if given:
-        raise ConfigError(
-            f"task {cfg.task} writes three graphs; {', '.join(given)} is not supported for it yet",
-            hint="export in float32 on the CPU, without it; --optimize and --quantize dynamic run on every graph",
-        )
-    if cfg.quantize == "static":
-        raise ConfigError(
-            f"task {cfg.task}: --quantize static is refused; the decoder's activation ranges depend on the "
-            "step, the past length and the image, and the export has one example of each",
-            hint="use --quantize dynamic (int8 weights, activation ranges computed at run time)",
-        )
+    refuse_graph_set_options(
+        cfg,
+        [
+            f"{o} {getattr(cfg, o)}"
+            for o, plain in (("dtype", "float32"), ("device", "cpu"))
+            if getattr(cfg, o) != plain
+        ],
+        "export in float32 on the CPU, without it",
+        "the decoder's activation ranges depend on the step, the past length and the image, and the export has "
+        "one example of each",
+        "int8 weights, activation ranges computed at run time",
+    )
     found = major_version(transformers_version())
     if found is not None and found < 5:
         raise ConfigError(
