@@ -8,7 +8,10 @@ fp32's speed; dynamic per-channel int8 gives 0.991 and 2x.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import OptimizeConfig, QuantizeConfig, WeightOnlyConfig
 
 __all__ = ["MIN_COSINE", "quantization_advice"]
 
@@ -16,7 +19,7 @@ __all__ = ["MIN_COSINE", "quantization_advice"]
 MIN_COSINE = 0.95
 
 
-def _fixes(config: Any, drifted: bool) -> str:
+def _fixes(config: QuantizeConfig | WeightOnlyConfig | OptimizeConfig | None, drifted: bool) -> str:
     """What to try instead, for the settings that ran."""
     mode = getattr(config, "mode", None)
     if mode == "static":
@@ -30,7 +33,10 @@ def _fixes(config: Any, drifted: bool) -> str:
     return "deploy fp32, or try `modelexport optimize -O2`"
 
 
-def quantization_advice(evaluation: dict[str, Any] | None, config: Any = None) -> str | None:
+def quantization_advice(
+    evaluation: dict[str, Any] | None,
+    config: QuantizeConfig | WeightOnlyConfig | OptimizeConfig | None = None,
+) -> str | None:
     """One line when the evaluation shows a poor result (drifted outputs or slower than fp32), else None."""
     if not evaluation:
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from ..inference.feeds import SampleSet, dataset_samples
 from ..inference.processors import ONNXAutoProcessor
 from ..onnxfile import read_sidecar
 from .carry import model_metadata
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["FeedReader", "calibration_reader", "find_model_dir", "load_samples"]
 
@@ -49,7 +52,7 @@ def find_model_dir(onnx_path: Path | None, explicit: str | None = None) -> Path 
 
 def load_samples(
     source: str | Path,
-    model: Any,
+    model: onnx.ModelProto,
     onnx_path: str | Path | None,
     limit: int,
     *,

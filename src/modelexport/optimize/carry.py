@@ -55,7 +55,9 @@ __all__ = [
 ]
 
 
-def carry_metadata(before: Any, after: Any, record_key: str, record: dict[str, Any]) -> list[str]:
+def carry_metadata(
+    before: onnx.ModelProto, after: onnx.ModelProto, record_key: str, record: dict[str, Any]
+) -> list[str]:
     """Copy ``before``'s model-level metadata onto ``after`` and add ``record_key`` (a JSON object).
 
     Uses ``modelexport.metadata.update_metadata``, which verifies ``before``'s checksum first (metadata that
@@ -87,7 +89,7 @@ class CarryMetadata:
         return PassResult(model, True, {"metadata_keys": keys})
 
 
-def model_metadata(model: Any) -> dict[str, Any]:
+def model_metadata(model: onnx.ModelProto) -> dict[str, Any]:
     """Decoded model-level metadata (``modelexport.metadata.read_metadata``), {} when unreadable."""
     try:
         return read_metadata(model)
@@ -95,7 +97,9 @@ def model_metadata(model: Any) -> dict[str, Any]:
         return {p.key: p.value for p in model.metadata_props}
 
 
-def remap_sidecar(sidecar: dict[str, Any], model: Any, transform: dict[str, Any]) -> dict[str, Any]:
+def remap_sidecar(
+    sidecar: dict[str, Any], model: onnx.ModelProto, transform: dict[str, Any]
+) -> dict[str, Any]:
     """A copy of ``sidecar`` whose nodes, tensors and coverage describe ``model`` (already re-tagged)."""
     tag_to_path = sidecar.get("tags", {})
     nodes: dict[str, Any] = {}
@@ -128,7 +132,7 @@ def remap_sidecar(sidecar: dict[str, Any], model: Any, transform: dict[str, Any]
 
 
 def write_sidecar(
-    sidecar: dict[str, Any] | None, model: Any, onnx_path: str | Path, transform: dict[str, Any]
+    sidecar: dict[str, Any] | None, model: onnx.ModelProto, onnx_path: str | Path, transform: dict[str, Any]
 ) -> Path | None:
     """Write the re-mapped sidecar beside ``onnx_path``; nothing when the input had none."""
     if sidecar is None:

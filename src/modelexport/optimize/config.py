@@ -9,10 +9,10 @@ package ``__init__``, which imports both, so the registries are complete before 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._config import closest, split_names
 from ..errors import ConfigError
@@ -96,7 +96,7 @@ def check_samples(name: str, value: int) -> None:
         raise ConfigError(f"{name} must be an integer in [1, {MAX_SAMPLES:,}], got {value!r}")
 
 
-def _choice(name: str, value: str, valid: Any) -> str:
+def _choice(name: str, value: str, valid: Collection[str]) -> str:
     v = str(value).lower()
     if v not in valid:
         guess = closest(value, valid)
@@ -105,7 +105,11 @@ def _choice(name: str, value: str, valid: Any) -> str:
     return v
 
 
-def _with_changes(cfg: Any, what: str, changes: dict[str, Any]) -> Any:
+#: The three settings classes :func:`_with_changes` copies.
+_Config = TypeVar("_Config", "QuantizeConfig", "WeightOnlyConfig", "OptimizeConfig")
+
+
+def _with_changes(cfg: _Config, what: str, changes: dict[str, object]) -> _Config:
     unknown = set(changes) - {f.name for f in fields(cfg)}
     if unknown:
         raise ConfigError(f"unknown {what} option(s): {', '.join(sorted(unknown))}")
@@ -152,13 +156,13 @@ class QuantizeConfig:
         return (*QUANT_MODES, *QUANTIZE_PRESETS)
 
     @classmethod
-    def preset(cls, name: str, **changes: Any) -> QuantizeConfig:
+    def preset(cls, name: str, **changes: object) -> QuantizeConfig:
         """A named preset (a mode of ``QUANT_MODES`` or a target of ``QUANTIZE_PRESETS``) with ``changes``."""
         key = _choice("quantize preset", name, cls.preset_names())
         base = {"mode": key} if key in QUANT_MODES else QUANTIZE_PRESETS[key]
         return _with_changes(cls(), "quantize", {**base, **changes, "preset_name": key})
 
-    def with_changes(self, **changes: Any) -> QuantizeConfig:
+    def with_changes(self, **changes: object) -> QuantizeConfig:
         return _with_changes(self, "quantize", changes)
 
     def record(self) -> dict[str, Any]:
@@ -331,12 +335,12 @@ class WeightOnlyConfig:
         return WEIGHT_ALGORITHMS[self.algorithm].calibrated
 
     @classmethod
-    def preset(cls, name: str, **changes: Any) -> WeightOnlyConfig:
+    def preset(cls, name: str, **changes: object) -> WeightOnlyConfig:
         """A named preset of ``WEIGHT_PRESETS`` with ``changes``."""
         key = _choice("weight-only preset", name, WEIGHT_PRESETS)
         return cls().with_changes(**{**WEIGHT_PRESETS[key], **changes, "preset_name": key})
 
-    def with_changes(self, **changes: Any) -> WeightOnlyConfig:
+    def with_changes(self, **changes: object) -> WeightOnlyConfig:
         """A copy with ``changes``; another algorithm without ``symmetric`` takes that algorithm's default."""
         if "algorithm" in changes and "symmetric" not in changes:
             changes = {**changes, "symmetric": None}
@@ -416,12 +420,12 @@ class OptimizeConfig:
             raise ConfigError("nothing to do: level disable and no --transformer-fusion/--fp16/--simplify")
 
     @classmethod
-    def preset(cls, name: str, **changes: Any) -> OptimizeConfig:
+    def preset(cls, name: str, **changes: object) -> OptimizeConfig:
         """An optimization level of ``OPTIMIZE_PRESETS`` (O1-O4) with ``changes``."""
         key = _level_name(name)
         return _with_changes(OPTIMIZE_PRESETS[key], "optimize", {**changes, "preset_name": key})
 
-    def with_changes(self, **changes: Any) -> OptimizeConfig:
+    def with_changes(self, **changes: object) -> OptimizeConfig:
         return _with_changes(self, "optimize", changes)
 
     def record(self) -> dict[str, Any]:
@@ -463,7 +467,7 @@ def _flags(names: list[str]) -> str:
     return ", ".join(f"--{n.replace('_', '-')}" for n in names)
 
 
-def quantize_config(preset: str | None = None, **options: Any) -> QuantizeConfig | WeightOnlyConfig:
+def quantize_config(preset: str | None = None, **options: object) -> QuantizeConfig | WeightOnlyConfig:
     """The config a ``quantize`` call means, from the options it was given (``None`` values are not given).
 
     Weight-only (:class:`WeightOnlyConfig`) when ``weights`` is given or ``preset`` names one of

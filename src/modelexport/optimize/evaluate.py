@@ -7,19 +7,24 @@ loses precision and can ``--exclude-modules`` it.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..hierarchy.tags import node_tag
 from ..inference.feeds import SampleSet
 from ..runtime.session import create_session
 
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
 __all__ = ["compare_models", "module_error_report", "run_samples", "time_session"]
 
 
 def run_samples(
-    model: Any, samples: SampleSet, outputs: list[str] | None = None
+    model: onnx.ModelProto, samples: SampleSet, outputs: list[str] | None = None
 ) -> tuple[list[list[Any]], float]:
     """Outputs per sample, and the median seconds per sample."""
     sess, _ = create_session(model)
@@ -33,7 +38,11 @@ def run_samples(
 
 
 def time_session(
-    model: Any, feed: dict[str, Any], repeat: int = 20, warmup: int = 3, threads: int = 0
+    model: onnx.ModelProto | str | os.PathLike[str],
+    feed: dict[str, np.ndarray],
+    repeat: int = 20,
+    warmup: int = 3,
+    threads: int = 0,
 ) -> float:
     """Median seconds of one run of ``feed`` (``threads`` intra-op threads; 0 lets ORT choose)."""
     sess, _ = create_session(model, intra_op_num_threads=threads)
@@ -48,7 +57,7 @@ def time_session(
     return times[len(times) // 2]
 
 
-def _row_cosines(a: Any, b: Any) -> list[float]:
+def _row_cosines(a: np.ndarray, b: np.ndarray) -> list[float]:
     """Cosine of each example's output (row of the batch axis), int8 vs fp32."""
     import numpy as np
 
@@ -61,7 +70,9 @@ def _row_cosines(a: Any, b: Any) -> list[float]:
     return out
 
 
-def compare_models(reference: Any, candidate: Any, samples: SampleSet) -> dict[str, Any]:
+def compare_models(
+    reference: onnx.ModelProto, candidate: onnx.ModelProto, samples: SampleSet
+) -> dict[str, Any]:
     """Agreement of the first output (argmax for logits, cosine otherwise), accuracy with labels, latency ratio.
 
     Feeds may hold batches (padded per batch); every statistic is per example.
@@ -93,7 +104,7 @@ def compare_models(reference: Any, candidate: Any, samples: SampleSet) -> dict[s
     return out
 
 
-def _boundaries(model: Any, depth: int) -> dict[str, list[str]]:
+def _boundaries(model: onnx.ModelProto, depth: int) -> dict[str, list[str]]:
     """Module (tag cut at ``depth``) -> float tensors its nodes hand to other modules or the graph output."""
     import onnx
 
@@ -128,7 +139,7 @@ def _boundaries(model: Any, depth: int) -> dict[str, list[str]]:
     return {m: sorted(t for t in ts if t in floats) for m, ts in crossing.items()}
 
 
-def _with_outputs(model: Any, names: list[str]) -> Any:
+def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     import onnx
 
     copy = onnx.ModelProto()
@@ -141,7 +152,11 @@ def _with_outputs(model: Any, names: list[str]) -> Any:
 
 
 def module_error_report(
-    reference: Any, candidate: Any, samples: SampleSet, depth: int = 2, max_samples: int = 16
+    reference: onnx.ModelProto,
+    candidate: onnx.ModelProto,
+    samples: SampleSet,
+    depth: int = 2,
+    max_samples: int = 16,
 ) -> list[dict[str, Any]]:
     """Per module: max / mean abs error of its output tensors, candidate vs reference, worst first."""
     import numpy as np

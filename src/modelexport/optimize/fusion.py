@@ -43,6 +43,7 @@ from .rotary_freqs import normalize_rotary_freqs
 
 if TYPE_CHECKING:
     import onnx
+    import onnx_ir as ir
 
 __all__ = [
     "FUSION_REPORT_KEYS",
@@ -123,7 +124,7 @@ SAFE_FUSIONS = (
 )
 
 
-def _all_fusions(model: Any) -> dict[str, int]:
+def _all_fusions(model: ir.Model) -> dict[str, int]:
     """onnxscript's fusions for ORT, then the attention of a key/value cache as ONNX ``Attention``
     (:mod:`.masked_attention`: onnxscript matches none there, and its GroupQueryAttention drops the mask)."""
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
@@ -133,7 +134,7 @@ def _all_fusions(model: Any) -> dict[str, int]:
     return {**counts, **fuse_masked_attention(model)}
 
 
-def _safe_only(model: Any) -> dict[str, int]:
+def _safe_only(model: ir.Model) -> dict[str, int]:
     from onnxscript import optimizer
 
     optimizer.optimize(model)
@@ -143,7 +144,7 @@ def _safe_only(model: Any) -> dict[str, int]:
     return counts
 
 
-def _safe_and_attention(model: Any) -> dict[str, int]:
+def _safe_and_attention(model: ir.Model) -> dict[str, int]:
     """The safe fusions and each attention as ONNX ``Attention`` with the graph's own mask: for graphs
     where one of onnxscript's other rules changes the outputs (its GroupQueryAttention and rotary rules
     on a decoder exported without a cache)."""
@@ -220,7 +221,7 @@ def _max_diff(reference: list[Any], model: onnx.ModelProto, feeds: dict[str, Any
 
 
 def _fused(
-    model: onnx.ModelProto, apply: Callable[[Any], dict[str, int]]
+    model: onnx.ModelProto, apply: Callable[[ir.Model], dict[str, int]]
 ) -> tuple[onnx.ModelProto, dict[str, int]]:
     import onnx
     import onnx_ir as ir

@@ -66,7 +66,7 @@ def register_pass(name: str, applies: Callable[[OptimizeConfig], bool]) -> Calla
     return deco
 
 
-def _hf_config(model: Any) -> dict[str, Any]:
+def _hf_config(model: onnx.ModelProto) -> dict[str, Any]:
     """The Hugging Face config embedded in the metadata ({} when absent)."""
     config = model_metadata(model).get("hf_model_config")
     if isinstance(config, str):
@@ -77,7 +77,7 @@ def _hf_config(model: Any) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def hf_dims(model: Any) -> tuple[int, int]:
+def hf_dims(model: onnx.ModelProto) -> tuple[int, int]:
     """(num_heads, hidden_size) from the Hugging Face config embedded in the metadata; 0 for a size that is
     absent or given per stage (a list: ORT's optimizer then reads it off the graph)."""
     config = _hf_config(model)
@@ -86,7 +86,7 @@ def hf_dims(model: Any) -> tuple[int, int]:
     return tuple(v if isinstance(v, int) and not isinstance(v, bool) else 0 for v in (heads, hidden))
 
 
-def fusion_model_types(model: Any, requested: str | None) -> list[str]:
+def fusion_model_types(model: onnx.ModelProto, requested: str | None) -> list[str]:
     """ORT fusion families to try, in order: the one asked for; else the embedded config's ``model_type``
     when ORT knows it (its own ``optimizer.MODEL_TYPES``), then ORT's generic encoder fusions ("bert")."""
     from onnxruntime.transformers.optimizer import MODEL_TYPES
@@ -97,7 +97,9 @@ def fusion_model_types(model: Any, requested: str | None) -> list[str]:
     return [embedded, "bert"] if embedded in MODEL_TYPES and embedded != "bert" else ["bert"]
 
 
-def ort_transformer_optimizer(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+def ort_transformer_optimizer(
+    model: onnx.ModelProto, cfg: OptimizeConfig, tmp: Path
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Attention / LayerNorm / GELU fusions of ``onnxruntime.transformers.optimizer`` (TorchScript graphs;
     on any graph: Gelu -> FastGelu)."""
     from onnxruntime.transformers import optimizer
@@ -134,7 +136,9 @@ def ort_transformer_optimizer(model: Any, cfg: OptimizeConfig, tmp: Path) -> tup
 
 
 @register_pass("transformer_fusion", lambda c: c.transformer_fusion)
-def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+def transformer_fusion(
+    model: onnx.ModelProto, cfg: OptimizeConfig, tmp: Path
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """Transformer fusions before ORT's level: onnxscript's rewriter (engine auto/onnxscript), then ORT's
     transformer optimizer where it adds something (engine ort, approximate Gelu, nothing matched)."""
     stats: dict[str, Any] = {"engine": cfg.fusion_engine}
@@ -156,7 +160,9 @@ def transformer_fusion(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any,
 
 
 @register_pass("ort", lambda c: c.level != "disable")
-def ort_offline(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+def ort_offline(
+    model: onnx.ModelProto, cfg: OptimizeConfig, tmp: Path
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """ONNX Runtime's graph optimizer at ``cfg.level``, saved to a file (``optimized_model_filepath``)."""
     src, out = save_onnx(model, tmp / "ort_in.onnx"), tmp / "ort_out.onnx"
     create_session(
@@ -174,7 +180,7 @@ def ort_offline(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[s
 
 
 @register_pass("fp16", lambda c: c.fp16)
-def to_fp16(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+def to_fp16(model: onnx.ModelProto, cfg: OptimizeConfig, tmp: Path) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """float16 weights and compute, float32 inputs/outputs kept (Cast nodes at the edges)."""
     import onnxruntime as ort
     from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -187,7 +193,9 @@ def to_fp16(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, 
 
 
 @register_pass("simplify", lambda c: c.simplify)
-def simplify(model: Any, cfg: OptimizeConfig, tmp: Path) -> tuple[Any, dict[str, Any]]:
+def simplify(
+    model: onnx.ModelProto, cfg: OptimizeConfig, tmp: Path
+) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """onnxslim: constant folding, dead-code and redundant-op removal."""
     try:
         import onnxslim
@@ -249,7 +257,7 @@ class OptimizeResult:
         }
 
 
-def _ops(model: Any) -> Counter[str]:
+def _ops(model: onnx.ModelProto) -> Counter[str]:
     return Counter(n.op_type for n in model.graph.node)
 
 
@@ -302,7 +310,7 @@ def optimize_model(
     config: OptimizeConfig | None = None,
     *,
     overwrite: bool = False,
-    **options: Any,
+    **options: object,
 ) -> OptimizeResult | PackageResult:
     """Optimize ``model_path`` into ``output_path`` (atomic); tags, metadata and sidecar carried over.
 

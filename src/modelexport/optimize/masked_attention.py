@@ -39,6 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+    from onnxscript.rewriter import MatchContext, RewriterContext
+    from onnxscript.rewriter._pattern_ir import ValuePattern
+    from onnxscript.rewriter.pattern import OpsetPatternBuilder
+
+    #: What a match binds to a name: a value of the graph (None for an optional input it lacks), or the tag an
+    #: ``OrValue`` alternative set (``"Mul"``, ``True``).
+    _Binding = ir.Value | str | bool | None
 
 __all__ = ["ATTENTION_OPSET", "ATTENTION_RULES", "fuse_masked_attention"]
 
@@ -51,7 +58,7 @@ _MIN_CONVERTIBLE_OPSET = 18
 ATTENTION_RULES = ("kv_cache_gqa", "kv_cache_mha", "no_cache_gqa", "no_cache_mha")
 
 
-def _scaled(op: Any, x: Any, scale: Any, tag: str) -> Any:
+def _scaled(op: OpsetPatternBuilder, x: ValuePattern, scale: ValuePattern, tag: str) -> ValuePattern:
     from onnxscript.rewriter import pattern
 
     return pattern.OrValue(
@@ -59,7 +66,7 @@ def _scaled(op: Any, x: Any, scale: Any, tag: str) -> Any:
     )
 
 
-def _repeated_heads(op: Any, cache: Any, name: str) -> Any:
+def _repeated_heads(op: OpsetPatternBuilder, cache: ValuePattern, name: str) -> ValuePattern:
     """``cache`` (B, Hkv, T, D) with each head repeated (B, Hkv * G, T, D), or ``cache`` itself."""
     from onnxscript.rewriter import pattern
 
@@ -69,17 +76,17 @@ def _repeated_heads(op: Any, cache: Any, name: str) -> Any:
 
 
 def _target(
-    op: Any,
-    query: Any,
-    key: Any,
-    value: Any,
-    past_key: Any,
-    past_value: Any,
-    mask: Any,
-    query_scale: Any,
-    key_scale: Any,
-    qk_scale: Any,
-) -> Any:
+    op: OpsetPatternBuilder,
+    query: ValuePattern,
+    key: ValuePattern,
+    value: ValuePattern,
+    past_key: ValuePattern,
+    past_value: ValuePattern,
+    mask: ValuePattern,
+    query_scale: ValuePattern,
+    key_scale: ValuePattern,
+    qk_scale: ValuePattern,
+) -> ValuePattern:
     """The cached attention as the dynamo exporter decomposes it (onnxscript's SDPA variants of the
     key transpose and scaling, the optional NaN guard of a boolean mask)."""
     from onnxscript.rewriter import pattern
@@ -122,7 +129,7 @@ def _dims(value: ir.Value | None, rank: int) -> list[Any] | None:
     return dims if all(isinstance(d, int) or d.value is not None for d in dims) else None
 
 
-def _scale(bindings: dict[str, Any]) -> float | None:
+def _scale(bindings: dict[str, _Binding]) -> float | None:
     """The product of the matched scalings (None when one is not a constant scalar)."""
     from onnxscript.rewriter import _ir_utils
 
@@ -170,13 +177,13 @@ def _boolean_mask(mask: ir.Value) -> ir.Value | None:
     return condition if float(low.item()) <= lowest < 0 else None
 
 
-def _attended(bindings: dict[str, Any], cache: str) -> Any:
+def _attended(bindings: dict[str, _Binding], cache: str) -> _Binding:
     """What the queries attend to, (B, Hkv, T, D): the present (past + new) of a cache, else the new keys
     or values."""
     return bindings.get(f"present_{cache}") if bindings.get(f"cached_{cache}") else bindings.get(cache)
 
 
-def _grouping_ok(bindings: dict[str, Any], cache: str, heads: int) -> bool:
+def _grouping_ok(bindings: dict[str, _Binding], cache: str, heads: int) -> bool:
     """The cache (B, Hkv, T, D) reaches the scores as (B, heads, T, D): repeated with each key/value head
     serving ``heads // Hkv`` consecutive query heads (Unsqueeze at 2 -> Expand -> Reshape), or as is."""
     present = _dims(_attended(bindings, cache), 4)
@@ -195,7 +202,7 @@ def _grouping_ok(bindings: dict[str, Any], cache: str, heads: int) -> bool:
     )
 
 
-def _transpose_ok(bindings: dict[str, Any]) -> bool:
+def _transpose_ok(bindings: dict[str, _Binding]) -> bool:
     """The 3-D form of the key transpose swaps exactly the last two axes of the repeated keys."""
     if not bindings.get("transpose_3d"):
         return True
@@ -216,7 +223,7 @@ def _concat_on_sequence(value: ir.Value | None) -> bool:
     return axis is not None and axis.as_int() in (-2, 2)
 
 
-def _condition(context: Any, **bindings: Any) -> bool:
+def _condition(context: MatchContext, **bindings: _Binding) -> bool:
     """Shapes, axes and constants that make the matched ops equal to ``Attention``."""
     query = _dims(bindings.get("query"), 4)
     cached = bool(bindings.get("cached_key"))
@@ -246,7 +253,7 @@ class _Rewrites:
     #: boolean mask -> its (B, 1, S, 1) "sees no key" rows, computed once for every layer that reads it
     blind: dict[ir.Value, ir.Value] = field(default_factory=dict)
 
-    def replace(self, op: Any, **bindings: Any) -> Any:
+    def replace(self, op: RewriterContext, **bindings: _Binding) -> ir.Value:
         mask = bindings["mask"]
         keep = _boolean_mask(mask)
         cached = bool(bindings.get("cached_key"))
@@ -283,7 +290,7 @@ class _Rewrites:
             new.name = name
 
 
-def _blind_rows(op: Any, keep: Any) -> Any:
+def _blind_rows(op: RewriterContext, keep: ir.Value) -> ir.Value:
     """(B, 1, S, 1): the query rows of boolean mask ``keep`` (B, 1, S, T) that see no key."""
     import onnx_ir as ir
 
@@ -291,7 +298,9 @@ def _blind_rows(op: Any, keep: Any) -> Any:
     return op.Equal(seen, op.Constant(value_float=0.0))
 
 
-def _unattended_rows_average(op: Any, output: Any, blind: Any, values: Any, bindings: dict[str, Any]) -> Any:
+def _unattended_rows_average(
+    op: RewriterContext, output: ir.Value, blind: ir.Value, values: ir.Value, bindings: dict[str, _Binding]
+) -> ir.Value:
     """``output`` with each query row that sees no key (``blind``) replaced by the mean of the values, as
     the decomposed graph computes it: its mask adds the same lowest float to every score of such a row, so
     softmax weighs every key alike; ``Attention`` (every ONNX Runtime kernel) writes zeros there. Keeps the

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import fnmatch
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..hierarchy.tags import node_tag
 from ..onnxfile import load_structure
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "GEMM_PARTS",
@@ -28,7 +31,7 @@ __all__ = [
 GEMM_PARTS = ("_MatMul", "_Add", "_Transpose")
 
 
-def tagged_names(model: Any) -> list[tuple[str, str]]:
+def tagged_names(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """(tag or "", node name) of every node of the main graph."""
     return [(node_tag(n) or "", n.name) for n in model.graph.node]
 
@@ -50,7 +53,7 @@ def no_module_error(pattern: str, tags: list[tuple[str, str]]) -> ConfigError:
     )
 
 
-def excluded_nodes(model: Any, patterns: tuple[str, ...]) -> list[str]:
+def excluded_nodes(model: onnx.ModelProto, patterns: tuple[str, ...]) -> list[str]:
     """Names of nodes whose tag matches a glob in ``patterns`` (a module and everything below it).
 
     A pattern that matches no node is an error that lists some of the model's modules.

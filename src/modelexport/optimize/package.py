@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..onnxfile import (
@@ -32,6 +32,9 @@ from ..onnxfile import (
 from .carry import copy_package_files, package_file_names
 
 __all__ = ["PackageResult", "is_multi_graph", "transform_package"]
+
+#: A graph's own result (QuantizeResult, OptimizeResult), which records its output paths.
+_Result = TypeVar("_Result")
 
 
 def is_multi_graph(path: str | os.PathLike[str]) -> bool:
@@ -85,7 +88,7 @@ def _plan(
     return plan
 
 
-def _moved(result: Any, staging: Path, dst: Path) -> Any:
+def _moved(result: _Result, staging: Path, dst: Path) -> _Result:
     """``result`` with the paths it recorded in the staging folder pointing into the output folder."""
     for attr in ("output_path", "sidecar_path"):
         path = getattr(result, attr, None)

@@ -27,7 +27,7 @@ __all__ = ["FuseProjections", "sibling_groups"]
 _INHERITED = "inherited"
 
 
-def _tag(node: Any) -> str | None:
+def _tag(node: onnx.NodeProto) -> str | None:
     return node_tag(node)
 
 
@@ -103,7 +103,7 @@ class FuseProjections:
         return PassResult(copy, True, {"joined": len(groups), "joined_nodes": joined})
 
 
-def _used_names(graph: Any) -> set[str]:
+def _used_names(graph: onnx.GraphProto) -> set[str]:
     """Tensor names read by ``graph``'s nodes, its subgraphs' nodes included, and its outputs."""
     used = {o.name for o in graph.output}
     for node in graph.node:

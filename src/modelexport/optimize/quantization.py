@@ -222,14 +222,14 @@ class Preprocess:
         return PassResult(model, False, {"notes": notes})
 
 
-def standard_attention_nodes(model: Any) -> list[str]:
+def standard_attention_nodes(model: onnx.ModelProto) -> list[str]:
     """Names of ONNX's own ``Attention`` nodes (what ``-O2`` makes of a cached attention): ORT's integer
     quantizer takes any ``Attention`` for ``com.microsoft.Attention`` by op type and writes an invalid
     ``QAttention`` for it. The op has no weights, so it stays float (excluded) and loses nothing."""
     return [n.name for n in model.graph.node if n.op_type == "Attention" and n.domain in ("", "ai.onnx")]
 
 
-def restore_float_inputs(model: Any, names: list[str], original: Any) -> int:
+def restore_float_inputs(model: onnx.ModelProto, names: list[str], original: onnx.ModelProto) -> int:
     """Feed excluded nodes float tensors again; returns the number of inputs rewired.
 
     ORT's QDQ quantizer rewires *every* consumer of a quantized tensor to the DequantizeLinear
@@ -268,7 +268,7 @@ def _module_of(tag: str, depth: int) -> str:
     return "/" + "/".join(tag[1:].split("/")[:depth]) if tag else "(untagged)"
 
 
-def quantized_per_module(model: Any, depth: int = 3) -> dict[str, int]:
+def quantized_per_module(model: onnx.ModelProto, depth: int = 3) -> dict[str, int]:
     """Nodes that run quantized, per module (tag cut at ``depth`` segments).
 
     A node counts when its op is an integer op or a weight-only one (``MatMulNBits``, ``GatherBlockQuantized``),
@@ -431,7 +431,7 @@ def quantize(
     eval_samples: int = 200,
     error_report: bool = False,
     overwrite: bool = False,
-    **options: Any,
+    **options: object,
 ) -> QuantizeResult | PackageResult:
     """Quantize ``model_path`` to ``output_path``; tags, metadata and sidecar are carried over.
 

@@ -55,11 +55,11 @@ class RetagResult:
 class _Before:
     tag_by_name: dict[str, str]
     source_by_name: dict[str, str]
-    producer: dict[str, Any]  # tensor -> node
+    producer: dict[str, onnx.NodeProto]  # tensor -> node
     root: str | None
 
 
-def _index_before(model: Any) -> _Before:
+def _index_before(model: onnx.ModelProto) -> _Before:
     tags: dict[str, str] = {}
     sources: dict[str, str] = {}
     for node in model.graph.node:
@@ -73,7 +73,7 @@ def _index_before(model: Any) -> _Before:
     return _Before(tags, sources, producer, common_ancestor({t for t in all_tags if t}))
 
 
-def _replaced_tags(node: Any, before: _Before, kept_names: set[str]) -> set[str]:
+def _replaced_tags(node: onnx.NodeProto, before: _Before, kept_names: set[str]) -> set[str]:
     """Tags of the old nodes between ``node``'s inputs and its outputs (what it replaced).
 
     Walks back from its outputs to its inputs, then keeps the old nodes that depend on one of its inputs:
@@ -83,7 +83,7 @@ def _replaced_tags(node: Any, before: _Before, kept_names: set[str]) -> set[str]
     """
     stop = set(node.input)
     todo = [before.producer[o] for o in node.output if o in before.producer]
-    seen: dict[int, Any] = {}
+    seen: dict[int, onnx.NodeProto] = {}
     while todo and len(seen) < _MAX_REPLACED:
         old = todo.pop()
         if id(old) in seen:
@@ -98,7 +98,7 @@ def _replaced_tags(node: Any, before: _Before, kept_names: set[str]) -> set[str]
     return {t for old in between if (t := before.tag_by_name.get(old.name) or node_props(old).get(TAG_KEY))}
 
 
-def _after_inputs(nodes: list[Any], inputs: set[str]) -> list[Any]:
+def _after_inputs(nodes: list[onnx.NodeProto], inputs: set[str]) -> list[onnx.NodeProto]:
     """The ``nodes`` that depend, through ``nodes``, on one of the tensors ``inputs``."""
     reached, found, grown = set(inputs), {}, True
     while grown:
@@ -123,7 +123,7 @@ def _by_prefix(name: str, before: _Before) -> str | None:
     return before.tag_by_name.get(best) if best else None
 
 
-def retag(before: Any, after: Any) -> RetagResult:
+def retag(before: onnx.ModelProto, after: onnx.ModelProto) -> RetagResult:
     """Give every node of ``after`` (a ModelProto, changed in place) a tag derived from ``before``."""
     ref = _index_before(before)
     nodes = list(after.graph.node)
@@ -197,7 +197,7 @@ class Retagged:
         return PassResult(tagged.model, True, {**result.record, **tagged.record})
 
 
-def tag_coverage(model: Any) -> dict[str, Any]:
+def tag_coverage(model: onnx.ModelProto) -> dict[str, Any]:
     """Tagged nodes / all nodes of the main graph, and the keys of untagged nodes."""
     missing = [node_key(n, i) for i, n in enumerate(model.graph.node) if not node_props(n).get(TAG_KEY)]
     total = len(model.graph.node)

@@ -11,20 +11,27 @@ rotation. This pass rewrites the second form into the first, where its angles fe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import onnx_ir as ir
+    from onnxscript.rewriter import MatchContext, RewriterContext
+    from onnxscript.rewriter._pattern_ir import ValuePattern
+    from onnxscript.rewriter.pattern import OpsetPatternBuilder
 
 __all__ = ["normalize_rotary_freqs"]
 
 
-def _target(op: Any, position_ids: Any, axes: Any, inv_freq: Any) -> Any:
+def _target(
+    op: OpsetPatternBuilder, position_ids: ValuePattern, axes: ValuePattern, inv_freq: ValuePattern
+) -> ValuePattern:
     positions = op.Cast(op.Unsqueeze(position_ids, axes), _allow_other_attributes=True)
     return op.Mul(positions, inv_freq)
 
 
-def _condition(context: Any, position_ids: Any, axes: Any, inv_freq: Any, **_: Any) -> bool:
+def _condition(
+    context: MatchContext, position_ids: ir.Value, axes: ir.Value, inv_freq: ir.Value, **_: object
+) -> bool:
     from onnxscript.rewriter import _ir_utils
 
     freqs = context.root.outputs[0] if hasattr(context, "root") else None
@@ -40,7 +47,7 @@ def _condition(context: Any, position_ids: Any, axes: Any, inv_freq: Any, **_: A
     )
 
 
-def _replacement(op: Any, position_ids: Any, axes: Any, inv_freq: Any) -> Any:
+def _replacement(op: RewriterContext, position_ids: ir.Value, axes: ir.Value, inv_freq: ir.Value) -> ir.Value:
     import onnx_ir as ir
 
     column = inv_freq.const_value.numpy().reshape(1, -1, 1)  # [1, E, 1], as transformers 4 expands it

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import types
 import warnings
 from collections import Counter
 from collections.abc import Iterator
@@ -54,6 +55,7 @@ from .retag import Retagged
 
 if TYPE_CHECKING:
     import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import WeightOnlyQuantConfig
 
 __all__ = [
     "HEAD_OUTPUTS",
@@ -103,7 +105,7 @@ _NBITS_LOGGER = "onnxruntime.quantization.matmul_nbits_quantizer"
 
 
 @contextlib.contextmanager
-def _nbits_quiet() -> Iterator[Any]:
+def _nbits_quiet() -> Iterator[types.ModuleType]:
     """ONNX Runtime's ``matmul_nbits_quantizer`` module, imported without its ``logging.basicConfig(INFO)``
     taking over the root logger, with its per-node INFO lines and the GPTQ progress bar kept off stdout, and
     its numeric warnings (a zero block's scale, torch on a read-only array) off stderr."""
@@ -184,7 +186,7 @@ def _embedding_gathers(model: onnx.ModelProto) -> list[str]:
     return [n.name for n in model.graph.node if n.op_type == "Gather" and n.name and n.input[0] in weights]
 
 
-def _is_norm(node: Any) -> bool:
+def _is_norm(node: onnx.NodeProto) -> bool:
     if node.op_type in _NORM_OPS:
         return True
     tag = node_tag(node) or ""
@@ -265,7 +267,11 @@ def select_weights(model: onnx.ModelProto, cfg: WeightOnlyConfig) -> WeightSelec
 
 # ------------------------------------------------------------------------------------------- algorithms
 def _run_quantizer(
-    model: onnx.ModelProto, cfg: WeightOnlyConfig, nodes: list[str], algo_config: Any, nbits: Any
+    model: onnx.ModelProto,
+    cfg: WeightOnlyConfig,
+    nodes: list[str],
+    algo_config: WeightOnlyQuantConfig,
+    nbits: types.ModuleType,
 ) -> onnx.ModelProto:
     """ONNX Runtime's ``MatMulNBitsQuantizer`` on a copy of ``model``, every MatMul / Gather not in ``nodes``
     excluded (it would otherwise take every one of its op types)."""
@@ -417,7 +423,7 @@ def decoder_calibration_feeds(
     return out
 
 
-def _empty_past(spec: Any, batch: int) -> np.ndarray:
+def _empty_past(spec: onnx.ValueInfoProto, batch: int) -> np.ndarray:
     from onnx import helper
 
     dims = [d.dim_value if d.HasField("dim_value") else 0 for d in spec.type.tensor_type.shape.dim]
