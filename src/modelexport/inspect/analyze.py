@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hierarchy.graph import ancestors_of
 from .formats import renderer
-from .loading import TaggedModel, load_tagged_model
+from .loading import ModelLike, TaggedModel, load_tagged_model
 
 __all__ = ["AnalyzeConfig", "ModuleStats", "Analysis", "analyze", "analyze_model"]
 
@@ -159,7 +159,7 @@ def analyze_model(tm: TaggedModel, config: AnalyzeConfig | None = None) -> Analy
     )
 
 
-def analyze(model: Any, config: AnalyzeConfig | None = None, **options: Any) -> Analysis:
+def analyze(model: ModelLike, config: AnalyzeConfig | None = None, **options: object) -> Analysis:
     """Load ``model`` (path, folder or ModelProto) without its external weights and analyze it."""
     cfg = config or AnalyzeConfig(**options)
     return analyze_model(load_tagged_model(model, weights=False), cfg)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InferenceError
 from ..hierarchy.graph import ancestors_of
@@ -19,7 +19,15 @@ from ..testtime.graph import add_outputs
 from .extract import module_boundary
 from .formats import renderer
 from .inputs import generate_inputs, load_npz_inputs, run_session
-from .loading import TaggedModel, load_tagged_model
+from .loading import ModelLike, TaggedModel, load_tagged_model
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from pathlib import Path
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
 
 __all__ = ["ModelSummary", "Comparison", "compare", "compare_models", "numeric_diff"]
 
@@ -37,7 +45,7 @@ class ModelSummary:
     initializer_bytes: int
 
 
-def _io(values: Any) -> list[str]:
+def _io(values: Iterable[onnx.ValueInfoProto]) -> list[str]:
     out = []
     for v in values:
         t = v.type.tensor_type
@@ -137,7 +145,9 @@ def compare_models(a: TaggedModel, b: TaggedModel) -> Comparison:
 MODULE_DEPTH = 3
 
 
-def _session(model: Any, data_dir: Any, providers: tuple[str, ...]) -> Any:
+def _session(
+    model: onnx.ModelProto, data_dir: Path | None, providers: tuple[str, ...]
+) -> ort.InferenceSession:
     # failures come back as exceptions (one-line InferenceError): keep ORT's own error log quiet
     folder = str(data_dir) if data_dir else None
     return create_session(model, providers=providers, log_severity_level=4, external_data_dir=folder)[0]
@@ -168,7 +178,7 @@ def _run_both(
     return out_a, out_b_list, dict(zip([o.name for o in sess_b.get_outputs()], out_b_list, strict=True))
 
 
-def _difference(va: Any, vb: Any) -> dict[str, float]:
+def _difference(va: np.ndarray, vb: np.ndarray | None) -> dict[str, float]:
     import numpy as np
 
     if vb is None or np.shape(va) != np.shape(vb):
@@ -215,8 +225,8 @@ def module_numeric_diff(
 
 
 def compare(
-    model_a: Any,
-    model_b: Any,
+    model_a: ModelLike,
+    model_b: ModelLike,
     *,
     numeric: bool = False,
     inputs: str | None = None,

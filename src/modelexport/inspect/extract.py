@@ -20,12 +20,15 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ExportError, TagError, first_line
-from ..hierarchy.graph import resolve_module
+from ..hierarchy.graph import GraphIndex, resolve_module
 from ..onnxfile import OutputPlan, external_tensors, load_external_tensors, plan_output, save_onnx
-from .loading import load_tagged_model
+from .loading import ModelLike, SidecarLike, load_tagged_model
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "ModuleSubgraph",
@@ -52,7 +55,7 @@ class ModuleSubgraph:
     carried_constants: list[str]
     call_index: int | None
     call_count: int
-    model: Any = field(repr=False, default=None)
+    model: onnx.ModelProto | None = field(repr=False, default=None)
     notes: list[str] = field(default_factory=list)
     #: The files the subgraph was cut from (the model, its sidecar): never written over.
     sources: tuple[Path, ...] = field(repr=False, default=())
@@ -100,16 +103,16 @@ def _slices(core: list[int], count: int) -> list[list[int]] | None:
     return [core[k * size : (k + 1) * size] for k in range(count)]
 
 
-def _same_ops(index: Any, chunks: list[list[int]]) -> bool:
+def _same_ops(index: GraphIndex, chunks: list[list[int]]) -> bool:
     first = [index.op_types[i] for i in chunks[0]]
     return all([index.op_types[i] for i in c] == first for c in chunks[1:])
 
 
-def _weights(index: Any, chunk: list[int]) -> set[str]:
+def _weights(index: GraphIndex, chunk: list[int]) -> set[str]:
     return {t for i in chunk for t in index.inputs[i] if t in index.initializers}
 
 
-def _infer_count(index: Any, core: list[int]) -> int:
+def _infer_count(index: GraphIndex, core: list[int]) -> int:
     """Largest k whose k slices repeat the same ops over the same (non-empty) weights."""
     for k in range(len(core) // 2, 1, -1):
         chunks = _slices(core, k)
@@ -120,7 +123,7 @@ def _infer_count(index: Any, core: list[int]) -> int:
     return 1
 
 
-def call_instances(index: Any, members: list[int], count: int | None) -> list[list[int]] | None:
+def call_instances(index: GraphIndex, members: list[int], count: int | None) -> list[list[int]] | None:
     """Split a module's nodes into its call sites (``None`` if they do not split into equal calls).
 
     ``count`` comes from the sidecar; ``None`` infers it. Nodes that read only weights (constants)
@@ -145,7 +148,7 @@ def call_instances(index: Any, members: list[int], count: int | None) -> list[li
     return [sorted(c) for c in chunks]
 
 
-def _subgraph_reads(node: Any) -> list[str]:
+def _subgraph_reads(node: onnx.NodeProto) -> list[str]:
     """Outer-scope tensors read inside If/Loop/Scan bodies (implicit inputs)."""
     out: list[str] = []
     for attr in node.attribute:
@@ -157,13 +160,13 @@ def _subgraph_reads(node: Any) -> list[str]:
     return out
 
 
-def _reads(model: Any, index: Any, i: int) -> list[str]:
+def _reads(model: onnx.ModelProto, index: GraphIndex, i: int) -> list[str]:
     node = model.graph.node[i]
     extra = _subgraph_reads(node) if any(a.HasField("g") or a.graphs for a in node.attribute) else []
     return index.inputs[i] + [t for t in extra if t not in index.inputs[i]]
 
 
-def _constant_closure(model: Any, index: Any, selected: set[int]) -> list[int]:
+def _constant_closure(model: onnx.ModelProto, index: GraphIndex, selected: set[int]) -> list[int]:
     """Outside producers that depend only on weights/constants and feed the selection."""
     memo: dict[int, bool] = {}
 
@@ -198,7 +201,7 @@ class _Boundary:
     boundary_ops: list[str]
 
 
-def _boundary(model: Any, index: Any, nodes: list[int], copied: set[int]) -> _Boundary:
+def _boundary(model: onnx.ModelProto, index: GraphIndex, nodes: list[int], copied: set[int]) -> _Boundary:
     """Inputs, outputs and internal tensors of ``nodes``; ``copied`` constants never make outputs."""
     chosen = set(nodes)
     produced = {t: i for i in nodes for t in index.outputs[i]}
@@ -228,7 +231,7 @@ def _boundary(model: Any, index: Any, nodes: list[int], copied: set[int]) -> _Bo
     return _Boundary(inputs, outputs, internal, weights, [index.keys[i] for i in sorted(ops)])
 
 
-def module_boundary(model: Any, index: Any, tag: str) -> dict[str, list[str]]:
+def module_boundary(model: onnx.ModelProto, index: GraphIndex, tag: str) -> dict[str, list[str]]:
     """What ``extract --call all`` would cut for ``tag``: its input, output and weight tensors (no model built)."""
     nodes = index.nodes_within(tag)
     pulled = _constant_closure(model, index, set(nodes))
@@ -236,7 +239,7 @@ def module_boundary(model: Any, index: Any, tag: str) -> dict[str, list[str]]:
     return {"inputs": b.inputs, "outputs": b.outputs, "weights": b.weights}
 
 
-def _value_infos(model: Any, names: set[str]) -> dict[str, Any]:
+def _value_infos(model: onnx.ModelProto, names: set[str]) -> dict[str, onnx.ValueInfoProto]:
     """Typed value infos for ``names``, running shape inference on the full model only if needed."""
     import onnx
 
@@ -260,7 +263,7 @@ def _value_infos(model: Any, names: set[str]) -> dict[str, Any]:
     return {n: known[n] for n in names if n in known}
 
 
-def _typed(name: str, infos: dict[str, Any]) -> Any:
+def _typed(name: str, infos: dict[str, onnx.ValueInfoProto]) -> onnx.ValueInfoProto:
     import onnx
 
     vi = infos.get(name)
@@ -274,7 +277,7 @@ def _typed(name: str, infos: dict[str, Any]) -> Any:
     return out
 
 
-def _checkable(sub: Any) -> Any:
+def _checkable(sub: onnx.ModelProto) -> onnx.ModelProto:
     """``sub`` with its external-data weights as typed graph inputs: the checker then validates the graph
     without reading (or, relative to the working directory, failing to find) files on disk."""
     import onnx
@@ -293,7 +296,9 @@ def _checkable(sub: Any) -> Any:
     return view
 
 
-def _build_model(model: Any, index: Any, nodes: list[int], b: _Boundary, tag: str) -> Any:
+def _build_model(
+    model: onnx.ModelProto, index: GraphIndex, nodes: list[int], b: _Boundary, tag: str
+) -> onnx.ModelProto:
     import onnx
 
     infos = _value_infos(model, set(b.inputs) | set(b.outputs) | set(b.internal))
@@ -316,7 +321,7 @@ def _build_model(model: Any, index: Any, nodes: list[int], b: _Boundary, tag: st
 
 
 def _select_call(
-    index: Any, tag: str, members: list[int], count: int | None, call: int | str
+    index: GraphIndex, tag: str, members: list[int], count: int | None, call: int | str
 ) -> tuple[list[int], int | None, int, list[str]]:
     if call == "all":
         return members, None, count or 1, []
@@ -346,8 +351,8 @@ def _sidecar_call_count(sidecar: dict[str, Any] | None, path: str | None) -> int
 
 
 def extract_module_subgraph(
-    onnx_model: Any,
-    hierarchy_metadata: dict[str, Any] | str | os.PathLike[str] | bool | None,
+    onnx_model: ModelLike,
+    hierarchy_metadata: SidecarLike,
     target_module: str,
     *,
     call: int | str = 0,

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..data.readers import read_npz
 from ..errors import InferenceError, InputSpecError, first_line
 from ..hierarchy.graph import index_limits
 from ..runtime.types import ORT_TO_NUMPY as _ORT_TYPES
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
 
 __all__ = [
     "generate_inputs",
@@ -44,7 +49,9 @@ def _shape(declared: list[Any], spec: dict[str, Any] | None) -> list[int]:
     ]
 
 
-def _values(rng: Any, shape: list[int], dtype: str, spec: dict[str, Any] | None) -> Any:
+def _values(
+    rng: np.random.Generator, shape: list[int], dtype: str, spec: dict[str, Any] | None
+) -> np.ndarray:
     import numpy as np
 
     if dtype == "bool":
@@ -56,8 +63,11 @@ def _values(rng: Any, shape: list[int], dtype: str, spec: dict[str, Any] | None)
 
 
 def generate_inputs(
-    session: Any, sidecar: dict[str, Any] | None = None, seed: int = 0, model: Any = None
-) -> dict[str, Any]:
+    session: ort.InferenceSession,
+    sidecar: dict[str, Any] | None = None,
+    seed: int = 0,
+    model: onnx.ModelProto | None = None,
+) -> dict[str, np.ndarray]:
     """One input per session input, shaped by the sidecar's specs or the declared shape.
 
     Without a spec, integer inputs that index a table (``Gather``) of ``model`` stay below its row count.
@@ -81,7 +91,9 @@ def generate_inputs(
     return out
 
 
-def run_session(session: Any, feed: dict[str, Any], outputs: list[str] | None = None) -> list[Any]:
+def run_session(
+    session: ort.InferenceSession, feed: dict[str, np.ndarray], outputs: list[str] | None = None
+) -> list[Any]:
     """``session.run`` with ONNX Runtime's failures turned into one-line InferenceErrors."""
     try:
         return session.run(outputs, feed)
@@ -93,7 +105,9 @@ def run_session(session: Any, feed: dict[str, Any], outputs: list[str] | None = 
         ) from exc
 
 
-def load_npz_inputs(path: str | os.PathLike[str], session: Any | None = None) -> dict[str, Any]:
+def load_npz_inputs(
+    path: str | os.PathLike[str], session: ort.InferenceSession | None = None
+) -> dict[str, np.ndarray]:
     """Arrays from an ``.npz`` keyed by input name; checks that every session input is there."""
     path = Path(path)
     if not path.is_file():

@@ -17,9 +17,13 @@ import onnx
 from ..hierarchy.graph import GraphIndex
 from ..onnxfile import load_onnx, load_sidecar, read_sidecar, resolve_model_path, sidecar_path_for
 
-__all__ = ["TaggedModel", "load_tagged_model"]
+__all__ = ["ModelLike", "SidecarLike", "TaggedModel", "load_tagged_model"]
 
 PathLike = str | os.PathLike[str]
+#: What :func:`load_tagged_model` opens: a path (an ``.onnx`` file or an export folder) or a ``ModelProto``.
+ModelLike = PathLike | onnx.ModelProto
+#: Which sidecar goes with it: a path or the sidecar itself; ``None`` the one beside the model, ``False`` none.
+SidecarLike = PathLike | dict[str, Any] | bool | None
 
 
 @dataclass
@@ -49,9 +53,7 @@ class TaggedModel:
         return next((o.version for o in self.proto.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def _sidecar(
-    path: Path, hierarchy: PathLike | dict[str, Any] | bool | None
-) -> tuple[dict[str, Any] | None, Path | None]:
+def _sidecar(path: Path, hierarchy: SidecarLike) -> tuple[dict[str, Any] | None, Path | None]:
     if hierarchy is False:
         return None, None
     if isinstance(hierarchy, dict):
@@ -64,9 +66,9 @@ def _sidecar(
 
 
 def load_tagged_model(
-    model: PathLike | onnx.ModelProto,
+    model: ModelLike,
     *,
-    hierarchy: PathLike | dict[str, Any] | bool | None = None,
+    hierarchy: SidecarLike = None,
     weights: bool = True,
     external_data: bool = True,
 ) -> TaggedModel:

@@ -12,12 +12,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import write_json
 from ..errors import ConfigError
-from .loading import load_tagged_model
+from .loading import ModelLike, load_tagged_model
 from .profile import ProfileResult
+
+if TYPE_CHECKING:
+    import onnx
 
 #: The overlay's file name in a folder given as ``--node-data DIR/``.
 NODE_DATA_NAME = "node_data.json"
@@ -41,16 +44,16 @@ GRADIENT = [
 ]
 
 
-def adapter_node_ids(model: Any) -> list[str]:
+def adapter_node_ids(model: onnx.ModelProto) -> list[str]:
     """The ids Model Explorer's ONNX adapter gives the main graph's nodes, in graph order."""
     return [node.name or f"<node_{i}>" for i, node in enumerate(model.graph.node)]
 
 
-def graph_id(model: Any) -> str:
+def graph_id(model: onnx.ModelProto) -> str:
     return model.graph.name or "<main>"
 
 
-def node_data_overlay(model: Any, values: Mapping[int, float], name: str) -> dict[str, Any]:
+def node_data_overlay(model: onnx.ModelProto, values: Mapping[int, float], name: str) -> dict[str, Any]:
     """The overlay of ``values`` (node index in ``model.graph.node`` -> number) for the main graph."""
     ids = adapter_node_ids(model)
     bad = [i for i in values if not 0 <= i < len(ids)]
@@ -80,7 +83,7 @@ def write_node_data(path: str | os.PathLike[str], overlay: dict[str, Any]) -> Pa
     return write_json(path, overlay)
 
 
-def profile_overlay(model: Any, result: ProfileResult) -> dict[str, Any]:
+def profile_overlay(model: ModelLike, result: ProfileResult) -> dict[str, Any]:
     """Mean microseconds per run of each timed node of ``model`` (the model that was profiled)."""
     tm = load_tagged_model(model, weights=False)
     position = {k: i for i, k in enumerate(tm.index.keys)}
@@ -88,7 +91,7 @@ def profile_overlay(model: Any, result: ProfileResult) -> dict[str, Any]:
     return node_data_overlay(tm.proto, values, "kernel time (us per run)")
 
 
-def error_overlay(model: Any, error_report: list[dict[str, Any]]) -> dict[str, Any]:
+def error_overlay(model: ModelLike, error_report: list[dict[str, Any]]) -> dict[str, Any]:
     """``quantize --error-report``'s max abs error of each module, on every node of that module in ``model``."""
     tm = load_tagged_model(model, weights=False)
     per_module = {r["module"]: r["max_abs_error"] for r in error_report}

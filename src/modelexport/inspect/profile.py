@@ -10,15 +10,16 @@ name ORT keeps as prefix (``node/Fusion/``); what cannot be attributed is report
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._config import split_names
 from ..errors import ConfigError
-from ..hierarchy.graph import ancestors_of
+from ..hierarchy.graph import GraphIndex, ancestors_of
 from ..hierarchy.tags import common_ancestor
 from ..inference.pipelines import PIPELINES, pipeline
 from ..metadata.schema import KEY_TASK
@@ -27,7 +28,12 @@ from ..onnxfile import load_onnx, package_components
 from ..runtime.session import GRAPH_LEVELS, create_session
 from .formats import renderer
 from .inputs import generate_inputs, load_npz_inputs, run_session
-from .loading import load_tagged_model
+from .loading import ModelLike, TaggedModel, load_tagged_model
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
 
 __all__ = [
     "PackageProfile",
@@ -171,7 +177,7 @@ def _modules(own: dict[str, float], kernel: float, node_counts: dict[str, int]) 
     return list(out.values())
 
 
-def ort_node_tags(optimized: Any, index: Any) -> dict[str, tuple[str, str]]:
+def ort_node_tags(optimized: onnx.ModelProto, index: GraphIndex) -> dict[str, tuple[str, str]]:
     """ORT-created node name -> (tag, op type), through the original tensors it writes or reads.
 
     A fused node writes the tensor its last original node wrote (SkipLayerNormalization writes the
@@ -193,7 +199,7 @@ def ort_node_tags(optimized: Any, index: Any) -> dict[str, tuple[str, str]]:
     return out
 
 
-def _settings(cfg: ProfileConfig, sess: Any, feed: dict[str, Any]) -> dict[str, Any]:
+def _settings(cfg: ProfileConfig, sess: ort.InferenceSession, feed: dict[str, np.ndarray]) -> dict[str, Any]:
     threads = sess.get_session_options().intra_op_num_threads
     return {
         "optimization": cfg.optimization,
@@ -204,8 +210,8 @@ def _settings(cfg: ProfileConfig, sess: Any, feed: dict[str, Any]) -> dict[str, 
 
 
 def _run_profiled(
-    tm: Any, cfg: ProfileConfig, tmp: Path, feeds: dict[str, Any] | None = None
-) -> tuple[list[dict[str, Any]], str, Any, dict[str, Any]]:
+    tm: TaggedModel, cfg: ProfileConfig, tmp: Path, feeds: dict[str, np.ndarray] | None = None
+) -> tuple[list[dict[str, Any]], str, onnx.ModelProto | None, dict[str, Any]]:
     """Run with profiling; returns (events, provider, ORT's optimized graph or None, run settings)."""
 
     optimized_path = tmp / "optimized.onnx"
@@ -237,7 +243,11 @@ def _run_profiled(
 
 
 def profile(
-    model: Any, config: ProfileConfig | None = None, *, feeds: dict[str, Any] | None = None, **options: Any
+    model: ModelLike,
+    config: ProfileConfig | None = None,
+    *,
+    feeds: dict[str, np.ndarray] | None = None,
+    **options: object,
 ) -> ProfileResult:
     """Profile ``model`` with ONNX Runtime and attribute the time to modules; ``feeds`` are its inputs (default:
     ``config.inputs``, else generated)."""
@@ -307,7 +317,9 @@ def _package_feeds(entry: Path) -> dict[str, dict[str, Any]]:
     return pipeline(task, entry).component_feeds()
 
 
-def profile_package(folder: Any, config: ProfileConfig | None = None, **options: Any) -> PackageProfile:
+def profile_package(
+    folder: str | os.PathLike[str], config: ProfileConfig | None = None, **options: object
+) -> PackageProfile:
     """Profile every graph of a multi-graph package (the set its folder deploys)."""
     cfg = config or ProfileConfig(**options)
     if cfg.inputs:

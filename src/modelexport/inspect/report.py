@@ -28,7 +28,7 @@ from .analyze import Analysis, analyze_model
 from .compare import compare_models, module_numeric_diff, numeric_diff
 from .extract import module_boundary
 from .inputs import generate_inputs, load_npz_inputs
-from .loading import TaggedModel, load_tagged_model
+from .loading import ModelLike, TaggedModel, load_tagged_model
 from .profile import ProfileConfig, profile, profile_package
 
 __all__ = ["REPORT_FILE", "ReportConfig", "build_report_data", "render_report", "write_report"]
@@ -149,7 +149,7 @@ def _comparison(tm: TaggedModel, cfg: ReportConfig) -> tuple[dict[str, Any], lis
     return data, errors
 
 
-def _components(model: Any, cfg: ReportConfig) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+def _components(model: ModelLike, cfg: ReportConfig) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """A multi-graph package folder's graphs (role, file, nodes, tags, parameters, weights; time per run with
     ``--profile``) and the profile of the first one (the page's graph); ``[]`` for one graph."""
     graphs = (
@@ -176,7 +176,7 @@ def _components(model: Any, cfg: ReportConfig) -> tuple[list[dict[str, Any]], di
     return rows, first
 
 
-def build_report_data(model: Any, config: ReportConfig | None = None) -> dict[str, Any]:
+def build_report_data(model: ModelLike, config: ReportConfig | None = None) -> dict[str, Any]:
     """Everything the page shows, as one JSON-ready document (also useful on its own). A multi-graph package
     folder gets the page of the graph it runs first, with every graph of the package in ``components``."""
     cfg = config or ReportConfig()
@@ -207,7 +207,7 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(_ASSETS, name).read_text(encoding="utf-8")
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
     """JSON has no infinities (``numeric`` reports an infinite error for outputs of different shapes)."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
@@ -240,7 +240,11 @@ def render_report(data: dict[str, Any]) -> str:
 
 
 def write_report(
-    model: Any, output: str | os.PathLike[str], config: ReportConfig | None = None, *, overwrite: bool = False
+    model: ModelLike,
+    output: str | os.PathLike[str],
+    config: ReportConfig | None = None,
+    *,
+    overwrite: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Build the data, render the page and write it atomically; returns (path, data).
 

@@ -21,7 +21,7 @@ from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_PATTERN, node_tag, set_node_tag
 from ..onnxfile import load_onnx
 from .formats import renderer
-from .loading import TaggedModel, load_tagged_model
+from .loading import ModelLike, SidecarLike, TaggedModel, load_tagged_model
 
 __all__ = ["Finding", "ValidationReport", "RepairResult", "CHECKS", "validate", "validate_model", "repair"]
 
@@ -199,7 +199,9 @@ def validate_model(tm: TaggedModel, checks: tuple[str, ...] = DEFAULT_CHECKS) ->
     return report
 
 
-def validate(model: Any, *, check_consistency: bool = False, hierarchy: Any = None) -> ValidationReport:
+def validate(
+    model: ModelLike, *, check_consistency: bool = False, hierarchy: SidecarLike = None
+) -> ValidationReport:
     """Validate a model file (or ModelProto); ``check_consistency`` adds the sidecar comparison."""
     tm = load_tagged_model(model, hierarchy=hierarchy, weights=False)
     checks = DEFAULT_CHECKS + (("consistency",) if check_consistency else ())
@@ -254,7 +256,7 @@ def _load_for_rewrite(tm: TaggedModel, target: Path) -> TaggedModel:
 
 
 def repair(
-    model: Any, *, direction: str = "nodes", hierarchy: Any = None, output: str | None = None
+    model: ModelLike, *, direction: str = "nodes", hierarchy: SidecarLike = None, output: str | None = None
 ) -> RepairResult:
     """``nodes``: rewrite node tags from the sidecar; ``sidecar``: rewrite the sidecar from the nodes.
 
