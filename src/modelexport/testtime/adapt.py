@@ -21,7 +21,6 @@ prior strength or a stream's running statistics (the prior = the previous batche
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
@@ -31,6 +30,7 @@ from ..errors import TestTimeError
 from ..runtime.session import SessionConfig, create_session
 from .graph import (
     SAMPLE_STATS,
+    ModelLike,
     add_outputs,
     expose_initializers,
     has_upstream,
@@ -56,7 +56,7 @@ NO_BN_LAYERS_HINT = (
 )
 
 
-def no_bn_hint(model: Any) -> str:
+def no_bn_hint(model: onnx.ModelProto) -> str:
     """What to do about a graph without BatchNormalization: keep it at export, if the model had any."""
     convolutions = any(n.op_type in ("Conv", "ConvTranspose") for n in model.graph.node)
     return NO_BN_HINT if convolutions else NO_BN_LAYERS_HINT
@@ -121,7 +121,7 @@ class BNAdapter:
 
     def __init__(
         self,
-        model: Any,
+        model: ModelLike,
         providers: list[str] | tuple[str, ...] | None = None,
         session_config: SessionConfig | None = None,
         outputs: list[str] | None = None,

@@ -111,7 +111,7 @@ def get_transform(name: str, modality: str) -> Transform:
 
 
 def make_views(
-    batch: Any, names: tuple[str, ...] | list[str], modality: str, seed: int = 0
+    batch: np.ndarray | list[str], names: tuple[str, ...] | list[str], modality: str, seed: int = 0
 ) -> tuple[list[Any], list[Transform], list[int]]:
     """All views of ``batch``: (views, the transform of each view, the view index within its transform)."""
     rng = np.random.default_rng(seed)

@@ -17,24 +17,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from .._numeric import softmax
 from ..errors import InferenceError, TestTimeError
-from ..runtime.session import SessionConfig, create_session
+from ..runtime.session import SessionConfig, SessionInfo, create_session
 from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
 from .augment import make_views
-from .graph import load_model, mixed_statistics
+from .graph import ModelLike, load_model, mixed_statistics
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .memory import StatisticsMemory, StatisticsPrior
 from .methods import ADAPTATION_METHODS, AdaptationMethod
 from .policy import TestTimePolicy
 from .streams import MIN_BATCH, PRIOR_WINDOW, CollapseGuard, Stream, prior_correction
 from .tail import Tail, TailBuffer, tail_outputs
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+    import torch
 
 __all__ = ["REFRESH_EXAMPLES", "TestTimeEngine", "TestTimeResult", "Stream"]
 
@@ -67,16 +71,16 @@ class TestTimeEngine:
 
     def __init__(
         self,
-        model: Any,
+        model: ModelLike,
         policy: TestTimePolicy | None = None,
         providers: list[str] | tuple[str, ...] | None = None,
         *,
-        torch_model: Any = None,
+        torch_model: torch.nn.Module | None = None,
         input_name: str | None = None,
         output_name: str | None = None,
         session_config: SessionConfig | None = None,
-        session: Any = None,
-        session_info: Any = None,
+        session: ort.InferenceSession | None = None,
+        session_info: SessionInfo | None = None,
     ) -> None:
         """``session``: an existing session of the unmodified model (a pipeline's), reused when the policy
         needs no rewritten graph; otherwise one session of the rewritten graph is built with

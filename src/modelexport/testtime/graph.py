@@ -13,7 +13,11 @@ from onnx import helper, numpy_helper
 
 from ..onnxfile import load_onnx
 
+#: What :func:`load_model` reads: an exported folder or ``.onnx`` path, serialized bytes, or a ``ModelProto``.
+ModelLike = str | os.PathLike[str] | bytes | onnx.ModelProto
+
 __all__ = [
+    "ModelLike",
     "load_model",
     "expose_initializers",
     "add_outputs",
@@ -30,7 +34,7 @@ __all__ = [
 ]
 
 
-def load_model(model: str | os.PathLike[str] | bytes | onnx.ModelProto) -> onnx.ModelProto:
+def load_model(model: ModelLike) -> onnx.ModelProto:
     """A private copy of the model (callers may rewrite it freely); paths load through :func:`load_onnx`."""
     if isinstance(model, onnx.ModelProto):
         out = onnx.ModelProto()

@@ -47,7 +47,7 @@ class OpNode:
     def __getitem__(self, name: str) -> Any:
         return self.attrs[name]
 
-    def get(self, name: str, default: Any = None) -> Any:
+    def get(self, name: str, default: object = None) -> Any:
         return self.attrs.get(name, default)
 
 
@@ -563,7 +563,7 @@ def _pad_op(
 # --- the module ----------------------------------------------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """Attribute values as handlers want them: strings instead of bytes."""
     if isinstance(value, bytes):
         return value.decode()

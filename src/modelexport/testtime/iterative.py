@@ -9,7 +9,7 @@ largest change of a fed-back value falls below ``tol``, and give the same final 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -19,8 +19,11 @@ from .._config import split_names
 from .._numeric import softmax
 from ..errors import TestTimeError
 from .engine import TestTimeEngine
-from .graph import load_model
+from .graph import ModelLike, load_model
 from .streams import Stream
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 __all__ = ["IterationResult", "Iteration", "LOOPS", "iterate", "build_loop_model", "LOOP_STEPS_OUTPUT"]
 
@@ -52,7 +55,7 @@ def _check_feedback(model: onnx.ModelProto, feedback: dict[str, str], steps: int
 
 
 def iterate(
-    session: Any,
+    session: ort.InferenceSession,
     feeds: dict[str, np.ndarray],
     feedback: dict[str, str],
     steps: int,
@@ -126,7 +129,7 @@ def _body(model: onnx.ModelProto, feedback: dict[str, str], tol: float | None) -
 
 
 def build_loop_model(
-    model: Any, feedback: dict[str, str], steps: int, tol: float | None = None
+    model: ModelLike, feedback: dict[str, str], steps: int, tol: float | None = None
 ) -> onnx.ModelProto:
     """A model running ``steps`` refinement steps in one ONNX ``Loop``; outputs: the fed-back outputs and ``loop_steps``."""
     src = load_model(model)
@@ -195,7 +198,7 @@ class Iteration:
             )
         return cls(steps, {o: i for o, i in pairs}, loop, tol)
 
-    def model(self, path: Any) -> Any:
+    def model(self, path: ModelLike) -> ModelLike:
         """The model the engine runs: the file, or its ONNX ``Loop`` of the steps."""
         return build_loop_model(path, self.feedback, self.steps, self.tol) if self.loop == "onnx" else path
 

@@ -11,7 +11,6 @@ from the same seed produces the same sequence of samples. N passes run as one ba
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import onnx
@@ -20,7 +19,7 @@ from onnx import TensorProto, helper
 from .._numeric import softmax
 from ..errors import TestTimeError
 from .aggregate import entropy
-from .graph import constant_value, load_model
+from .graph import ModelLike, constant_value, load_model
 
 __all__ = ["enable_mc_dropout", "MCDropoutResult", "mc_summary"]
 
@@ -29,7 +28,7 @@ NO_DROPOUT_HINT = (
 )
 
 
-def enable_mc_dropout(model: Any, seed: int = 0) -> onnx.ModelProto:
+def enable_mc_dropout(model: ModelLike, seed: int = 0) -> onnx.ModelProto:
     """A copy where every Dropout samples a seeded mask at inference (ratio from the node, default 0.5)."""
     src = load_model(model)
     drops = [n for n in src.graph.node if n.op_type == "Dropout"]

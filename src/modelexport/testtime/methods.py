@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -28,6 +28,8 @@ from .streams import MIN_BATCH, Stream
 from .tent import tent_adapt, tent_step
 
 if TYPE_CHECKING:
+    import torch
+
     from .adapt import BNAdapter, BNState
     from .tail import Tail
 
@@ -46,7 +48,9 @@ class AdaptationSettings(Protocol):
     reliable_entropy: float
 
 
-AdaptFn = Callable[["BNAdapter", dict[str, np.ndarray], AdaptationSettings, Any, Stream], "BNState"]
+AdaptFn = Callable[
+    ["BNAdapter", dict[str, np.ndarray], AdaptationSettings, "torch.nn.Module | None", Stream], "BNState"
+]
 #: (the graph's tail, its inputs from the predicting passes, policy, the statistics its BN layers normalise
 #: with, their current scale/bias, stream) -> the updated scale/bias (``tail.py``).
 StepFn = Callable[
@@ -95,17 +99,33 @@ def statistics(
     return adapter.adapt(feeds, prior, 1.0, iterations, strength)
 
 
-def _bn(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream) -> Any:
+def _bn(
+    adapter: BNAdapter,
+    feeds: dict[str, np.ndarray],
+    policy: AdaptationSettings,
+    torch_model: torch.nn.Module | None,
+    stream: Stream,
+) -> BNState:
     return statistics(adapter, feeds, policy, stream, iterations=policy.ttt_iterations)
 
 
 def _tent(
-    adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream
-) -> Any:
+    adapter: BNAdapter,
+    feeds: dict[str, np.ndarray],
+    policy: AdaptationSettings,
+    torch_model: torch.nn.Module | None,
+    stream: Stream,
+) -> BNState:
     return tent_adapt(adapter, feeds, stream.state, policy.learning_rate, policy.ttt_iterations, torch_model)
 
 
-def _sar(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model: Any, stream: Stream) -> Any:
+def _sar(
+    adapter: BNAdapter,
+    feeds: dict[str, np.ndarray],
+    policy: AdaptationSettings,
+    torch_model: torch.nn.Module | None,
+    stream: Stream,
+) -> BNState:
     """Robust statistics, a reliable SAM step on the affine parameters, statistics again under them."""
     tuned = sar_adapt(
         adapter,
@@ -121,8 +141,13 @@ def _sar(adapter: BNAdapter, feeds: Any, policy: AdaptationSettings, torch_model
 
 
 def _tent_step(
-    tail: Tail, inputs: Any, policy: AdaptationSettings, values: Any, params: Any, stream: Stream
-) -> Any:
+    tail: Tail,
+    inputs: dict[str, np.ndarray],
+    policy: AdaptationSettings,
+    values: BNState,
+    params: BNState,
+    stream: Stream,
+) -> BNState:
     steps = policy.ttt_iterations or 1
     return tail.train(
         inputs,
@@ -133,13 +158,18 @@ def _tent_step(
 
 
 def _sar_step(
-    tail: Tail, inputs: Any, policy: AdaptationSettings, values: Any, params: Any, stream: Stream
-) -> Any:
+    tail: Tail,
+    inputs: dict[str, np.ndarray],
+    policy: AdaptationSettings,
+    values: BNState,
+    params: BNState,
+    stream: Stream,
+) -> BNState:
     import torch
 
     source = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in tail.source.items()}
 
-    def update(forward: Any, trained: dict[str, Any]) -> None:
+    def update(forward: Callable[[], torch.Tensor], trained: dict[str, torch.Tensor]) -> None:
         sar_step(
             forward,
             trained,

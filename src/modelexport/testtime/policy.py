@@ -248,7 +248,7 @@ class TestTimePolicy:
         """The policy adapts along a stream (its state carries from one batch to the next)."""
         return self.ttt != "none" and not self.episodic
 
-    def with_changes(self, **changes: Any) -> TestTimePolicy:
+    def with_changes(self, **changes: object) -> TestTimePolicy:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

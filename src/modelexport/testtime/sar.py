@@ -19,13 +19,16 @@ keeps Tent's torch path (:class:`~.interpreter.OnnxTorchModule`) but:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .adapt import BNAdapter, BNState
 from .interpreter import OnnxTorchModule
 from .tent import Adam
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ANCHOR", "REDUNDANT_COSINE", "SAM_RHO", "sar_adapt", "sar_step"]
 
@@ -39,7 +42,7 @@ ANCHOR = 1.0
 EMA = 0.1
 
 
-def _reliable(logits: Any, margin: float, memory: dict[str, np.ndarray]) -> Any:
+def _reliable(logits: torch.Tensor, margin: float, memory: dict[str, np.ndarray]) -> torch.Tensor:
     """Mask of the reliable, non-redundant rows; the moving average learns from them."""
     import torch
 
@@ -56,7 +59,7 @@ def _reliable(logits: Any, margin: float, memory: dict[str, np.ndarray]) -> Any:
     return keep
 
 
-def _weighted_entropy(logits: Any, keep: Any, margin: float) -> Any:
+def _weighted_entropy(logits: torch.Tensor, keep: torch.Tensor, margin: float) -> torch.Tensor:
     """EATA's loss: entropy of the kept rows weighted by exp(margin - entropy), averaged over the batch."""
     import torch
 
@@ -65,7 +68,7 @@ def _weighted_entropy(logits: Any, keep: Any, margin: float) -> Any:
     return (torch.exp(margin - ent.detach()) * ent).sum() / len(keep)
 
 
-def _anchor(params: dict[str, Any], source: dict[str, Any]) -> Any:
+def _anchor(params: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> torch.Tensor:
     return ANCHOR * sum(((p - source[n]) ** 2).sum() for n, p in params.items())
 
 
@@ -95,9 +98,9 @@ def sar_adapt(
 
 
 def sar_step(
-    forward: Callable[[], Any],
-    params: dict[str, Any],
-    source: dict[str, Any],
+    forward: Callable[[], torch.Tensor],
+    params: dict[str, torch.Tensor],
+    source: dict[str, torch.Tensor],
     reliable_entropy: float,
     learning_rate: float,
     steps: int,

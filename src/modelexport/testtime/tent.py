@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,16 +21,19 @@ from ..errors import TestTimeError
 from .adapt import BNAdapter, BNState
 from .interpreter import OnnxTorchModule
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["tent_adapt", "tent_step"]
 
 
-def _entropy_loss(logits: Any) -> Any:
+def _entropy_loss(logits: torch.Tensor) -> torch.Tensor:
     log_p = logits.log_softmax(dim=-1)
     return -(log_p.exp() * log_p).sum(dim=-1).mean()
 
 
 def _tent_torch_model(
-    torch_model: Any, x: Any, adapter: BNAdapter, state: BNState, lr: float, steps: int
+    torch_model: torch.nn.Module, x: torch.Tensor, adapter: BNAdapter, state: BNState, lr: float, steps: int
 ) -> BNState:
     """Tent on a deep copy of the source torch model; BN modules are matched to ONNX BN nodes by name."""
     import torch
@@ -70,14 +73,16 @@ class Adam:
     """Adam (Kingma & Ba; ``torch.optim.Adam``'s defaults: betas 0.9/0.999, eps 1e-8) over a few tensors,
     written out: the optimizer object's bookkeeping cost more than a tail step's arithmetic (tested equal)."""
 
-    def __init__(self, params: list[Any], lr: float, betas: tuple[float, float] = (0.9, 0.999)) -> None:
+    def __init__(
+        self, params: list[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999)
+    ) -> None:
         import torch
 
         self.params, self.lr, self.betas, self.t = params, lr, betas, 0
         self.m = [torch.zeros_like(p) for p in params]
         self.v = [torch.zeros_like(p) for p in params]
 
-    def step(self, grads: list[Any]) -> None:
+    def step(self, grads: list[torch.Tensor | None]) -> None:
         """One update from the gradients (None: a parameter the loss does not reach, left as it is)."""
         import torch
 
@@ -93,7 +98,7 @@ class Adam:
                 p.addcdiv_(m, (v.sqrt() / c2).add_(1e-8), value=-self.lr / c1)
 
 
-def _optimize(forward: Callable[[], Any], params: list[Any], lr: float, steps: int) -> None:
+def _optimize(forward: Callable[[], torch.Tensor], params: list[torch.Tensor], lr: float, steps: int) -> None:
     import torch
 
     opt = Adam(params, lr)
@@ -107,7 +112,7 @@ def tent_adapt(
     prior: BNState | None = None,
     learning_rate: float = 1e-3,
     steps: int | None = 1,
-    torch_model: Any = None,
+    torch_model: torch.nn.Module | None = None,
 ) -> BNState:
     """A BN state after ``steps`` Tent updates on this batch: new scale/bias, then batch statistics under them."""
     import torch
@@ -131,7 +136,9 @@ def tent_adapt(
     return adapter.adapt(feeds, prior=state, momentum=1.0, iterations=None)
 
 
-def tent_step(forward: Callable[[], Any], params: dict[str, Any], learning_rate: float, steps: int) -> None:
+def tent_step(
+    forward: Callable[[], torch.Tensor], params: dict[str, torch.Tensor], learning_rate: float, steps: int
+) -> None:
     """``steps`` Tent updates of ``params`` (torch parameters, updated in place) on the logits ``forward()``
     computes from them, the statistics held fixed (the memory statistics' Tent)."""
     import torch
