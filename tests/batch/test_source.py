@@ -114,3 +114,30 @@ def test_both_paths_refuse_a_bad_file_with_one_message(tmp_path: Path, content: 
     for read in (load_dataset, read_rows):
         with pytest.raises(DatasetError, match=re.escape(message)):
             read(path)
+
+
+@pytest.mark.parametrize(
+    "header,column",
+    [
+        ("Review,label", "Review"),
+        ("body,target", "body"),
+        ("id,image_path,y", "image_path"),
+        ("a,b,label", None),
+    ],
+)
+def test_both_paths_pick_the_same_input_column(tmp_path: Path, header: str, column: str | None) -> None:
+    path = tmp_path / "cols.csv"
+    width = len(header.split(","))
+    cell = "x.png" if "image" in header else "some words"
+    rows = "".join(",".join([cell, *(["s"] * (width - 2)), str(i % 2)]) + "\n" for i in range(4))
+    if header.startswith("id,"):
+        rows = "".join(f"{i},{cell},{i % 2}\n" for i in range(4))
+    path.write_text(f"{header}\n{rows}", encoding="utf-8")
+    if column is None:
+        for read in (load_dataset, read_rows):
+            with pytest.raises(DatasetError, match="no (text or image|input) column found"):
+                read(path)
+        return
+    assert read_rows(path).input_column == column
+    if "image" not in header:  # the dataset reader would open the images
+        assert load_dataset(path).info["text_column"] == column

@@ -9,8 +9,9 @@ Rows stay raw here: images are decoded and texts tokenized in the worker that ru
 the model's own, see :mod:`modelexport.batch.worker`), so the driver holds only strings. Table files are
 parsed by the dataset readers (:func:`modelexport.data.readers.iter_table`, the one set of parsing rules:
 ``evaluate --data x.csv`` and ``infer --data x.csv`` see the same values) and built into Arrow (what Ray
-Data moves between processes) a chunk of rows at a time; the input column is found by the same names the
-dataset readers use, and an image path is relative to the file that lists it.
+Data moves between processes) a chunk of rows at a time; the input column is found by the dataset readers'
+rule (:func:`~modelexport.data.readers.guess_input_column`), and an image path is relative to the file that
+lists it.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from ..data import load_dataset
 from ..data.readers import (
     IMAGE_COLUMNS,
     IMAGE_SUFFIXES,
-    LABEL_COLUMNS,
     TABLE_PARSERS,
     TEXT_COLUMNS,
     Row,
+    guess_input_column,
+    guess_label_column,
     iter_table,
     read_npz,
     scan_image_folder,
@@ -141,13 +143,9 @@ def _input_column(names: list[str], given: str | None, source: str) -> str:
         if given not in names:
             raise DatasetError(f"{source}: no column {given!r}; columns are {names}")
         return given
-    lower = {n.lower(): n for n in names}
-    found = next((lower[c] for c in (*TEXT_COLUMNS, *IMAGE_COLUMNS) if c in lower), None)
+    found = guess_input_column(names, guess_label_column(names))
     if found is not None:
         return found
-    others = [n for n in names if n.lower() not in LABEL_COLUMNS]
-    if len(others) == 1:
-        return others[0]
     raise DatasetError(
         f"{source}: no input column found among {names}",
         hint=f"name it one of {', '.join(TEXT_COLUMNS + IMAGE_COLUMNS)} or pass --input-column",

@@ -38,7 +38,7 @@ import csv
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -63,6 +63,8 @@ __all__ = [
     "iter_table",
     "read_table",
     "table_columns",
+    "guess_input_column",
+    "guess_label_column",
 ]
 
 log = logging.getLogger(__name__)
@@ -545,41 +547,63 @@ def read_table(path: str | Path) -> tuple[list[str], list[Row]]:
     return table_columns(rows), rows
 
 
-def _pick_column(
-    header: list[str], given: str | None, candidates: tuple[str, ...], role: str, path: Path
-) -> str | None:
-    if given is not None:
-        if given not in header:
-            raise DatasetError(
-                f"{path}, line 1: no {role} column {given!r}; columns are {header}",
-                hint=f"pass --{role}_column with one of {header}",
-            )
-        return given
+def _named(header: Sequence[str], candidates: tuple[str, ...]) -> str | None:
+    """The first of ``candidates`` the header holds (names compared without case)."""
     lower = {h.lower(): h for h in header}
     return next((lower[c] for c in candidates if c in lower), None)
+
+
+def guess_label_column(header: Sequence[str]) -> str | None:
+    """The label column of a table whose user named none: the first of :data:`LABEL_COLUMNS` it holds."""
+    return _named(header, LABEL_COLUMNS)
+
+
+def guess_input_column(header: Sequence[str], label_column: str | None) -> str | None:
+    """The input column of a table whose user named none: the first of the text names, else of the image
+    names, else the one column besides ``label_column`` (None: no way to tell). The one rule of
+    ``load_dataset`` and batch inference."""
+    found = _named(header, TEXT_COLUMNS) or _named(header, IMAGE_COLUMNS)
+    if found is not None:
+        return found
+    others = [h for h in header if h != label_column]
+    return others[0] if len(others) == 1 else None
+
+
+def _given_column(header: list[str], given: str, role: str, path: Path) -> str:
+    if given not in header:
+        raise DatasetError(
+            f"{path}, line 1: no {role} column {given!r}; columns are {header}",
+            hint=f"pass --{role}_column with one of {header}",
+        )
+    return given
 
 
 @register_reader("table", lambda spec: Path(spec).suffix.lower() in TABLE_SUFFIXES)
 def _read_table(spec: str, options: ReadOptions) -> Dataset:
     path = _existing_file(spec)
     header, rows = read_table(path)
-    label_col = _pick_column(header, options.label_column, LABEL_COLUMNS, "label", path)
+    given_label = options.label_column
+    label_col = (
+        guess_label_column(header)
+        if given_label is None
+        else _given_column(header, given_label, "label", path)
+    )
     if label_col is None and options.require_labels:
         raise DatasetError(
             f"{path}, line 1: no label column found among {header}",
             hint=f"name it one of {', '.join(LABEL_COLUMNS)} or pass --label_column",
         )
-    input_col = _pick_column(header, options.text_column, TEXT_COLUMNS, "text", path)
+    given_input = options.text_column
+    input_col = (
+        guess_input_column(header, label_col)
+        if given_input is None
+        else _given_column(header, given_input, "text", path)
+    )
     if input_col is None:
-        input_col = _pick_column(header, None, IMAGE_COLUMNS, "image", path)
-    if input_col is None:
-        others = [h for h in header if h != label_col]
-        if len(others) != 1:
-            raise DatasetError(
-                f"{path}, line 1: no text or image column found among {header}",
-                hint=f"name it one of {', '.join(TEXT_COLUMNS + IMAGE_COLUMNS)} or pass --text_column",
-            )
-        input_col = others[0]
+        raise DatasetError(
+            f"{path}, line 1: no text or image column found among {header}",
+            hint=f"name it one of {', '.join(TEXT_COLUMNS + IMAGE_COLUMNS)} or pass --text_column",
+        )
     return _table_dataset(path, rows, input_col, label_col, options)
 
 
