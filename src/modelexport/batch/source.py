@@ -107,8 +107,8 @@ def _arrow_chunk(rows: list[Row]) -> pa.Table:
     """Rows as one Arrow table, a column per key (a record without the key gives null)."""
     import pyarrow as pa
 
-    names = table_columns(rows)
-    return pa.table({name: _column([row.values.get(name) for row in rows]) for name in names})
+    records = [row.values for row in rows]
+    return pa.table({name: _column([r.get(name) for r in records]) for name in table_columns(rows)})
 
 
 def _read_file(path: Path) -> pa.Table:
