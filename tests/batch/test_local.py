@@ -28,7 +28,7 @@ def test_local_rows_are_the_pipelines_predictions(seq_cls: Path, text_csv: Path,
     assert [r["id"] for r in rows] == list(range(60))
     assert list(rows[0]) == ["id", "source", "label_input", "label", "score", "error"]  # kept label renamed
     assert [r["source"] for r in rows] == [f"s{i}" for i in range(60)]
-    assert [r["label_input"] for r in rows] == [i % 2 for i in range(60)]
+    assert [r["label_input"] for r in rows] == [str(i % 2) for i in range(60)]  # a CSV cell as written
     assert [r["label"] for r in rows] == [w["label"] for w in want]
     assert [r["score"] for r in rows] == pytest.approx([w["score"] for w in want], abs=1e-6)
     assert all(r["error"] is None for r in rows)

@@ -12,7 +12,7 @@ from .api import BatchResult, batch_infer
 from .config import ENGINE_NAMES, OUTPUT_FORMATS, BatchConfig
 from .engines import ENGINES
 from .evaluate import evaluate_batch
-from .source import TABLE_READERS, read_rows
+from .source import read_rows
 from .worker import Predictor, WorkerSpec
 
 __all__ = [
@@ -23,7 +23,6 @@ __all__ = [
     "ENGINE_NAMES",
     "ENGINES",
     "OUTPUT_FORMATS",
-    "TABLE_READERS",
     "read_rows",
     "Predictor",
     "WorkerSpec",

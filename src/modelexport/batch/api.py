@@ -16,6 +16,7 @@ from ..inference.pipelines import PIPELINES
 from ..inference.pipelines.factory import resolve_task
 from ..metadata.store import read_metadata
 from ..onnxfile import plan_output, resolve_model_path
+from ..testtime.policy import TestTimePolicy
 from .config import BatchConfig, output_format
 from .engines import ENGINES, require_ray
 from .sink import ResultSink
@@ -83,7 +84,7 @@ def batch_infer(
     input_column: str | None = None,
     providers: Sequence[str] | str | None = None,
     call_kwargs: dict[str, Any] | None = None,
-    test_time_policy: Any = None,
+    test_time_policy: TestTimePolicy | dict[str, Any] | bool | None = None,
     progress: bool = False,
     overwrite: bool = False,
 ) -> BatchResult:

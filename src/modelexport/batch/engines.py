@@ -15,13 +15,16 @@ import os
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._stages import announce
 from ..errors import ConfigError
 from .config import BatchConfig
 from .source import Rows
 from .worker import Predictor, WorkerSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["ENGINES", "run_local", "run_ray", "require_ray", "ray_cluster", "map_actors", "FAULT_TOLERANCE"]
 
@@ -90,7 +93,7 @@ def ray_cluster(config: BatchConfig) -> Iterator[Any]:
         ray.shutdown()
 
 
-def _blocks(table: Any, config: BatchConfig) -> list[Any]:
+def _blocks(table: pa.Table, config: BatchConfig) -> list[pa.Table]:
     """The rows cut into blocks (whole batches) for Ray Data; made here, so no shuffle task competes with
     the actors for CPUs (on a cluster sized to the actors, it would wait forever)."""
     per_block = math.ceil(table.num_rows / (config.num_workers * _BLOCKS_PER_WORKER))
@@ -98,7 +101,9 @@ def _blocks(table: Any, config: BatchConfig) -> list[Any]:
     return [table.slice(s, per_block) for s in range(0, table.num_rows, per_block)]
 
 
-def map_actors(table: Any, worker: type, args: tuple[Any, ...], config: BatchConfig) -> Iterator[Any]:
+def map_actors(
+    table: pa.Table, worker: type, args: tuple[object, ...], config: BatchConfig
+) -> Iterator[pa.Table]:
     """``config.num_workers`` actors of ``worker(*args)`` (each built once, restarted if it dies) called on
     ``config.batch_size`` rows of ``table`` at a time; their output batches in input order."""
     with ray_cluster(config) as ray:

@@ -16,7 +16,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..data import Dataset
 from ..errors import ConfigError, TestTimeError
@@ -39,6 +39,9 @@ from ..testtime.streams import StreamOrder, stream_order
 from .config import BatchConfig
 from .engines import map_actors, require_ray
 from .source import ID, require_pyarrow
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["evaluate_batch", "Evaluator", "EvalSpec"]
 
@@ -74,7 +77,7 @@ class Evaluator:
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.provider = engine.session_info.provider
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: pa.Table) -> pa.Table:
         import pyarrow as pa
 
         indices = batch.column(ID).to_pylist()
@@ -115,7 +118,7 @@ def _measure(dataset: Dataset, spec: EvalSpec, config: BatchConfig) -> tuple[dic
 
 def evaluate_batch(
     model: str | os.PathLike[str],
-    data: Any,
+    data: Dataset | str | os.PathLike[str],
     policy: TestTimePolicy | None = None,
     engine: str = "ray",
     *,

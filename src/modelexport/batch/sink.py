@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +17,9 @@ from .._io import atomic_path
 from ..errors import InferenceError, OutputWriteError
 from .config import output_format
 from .source import ERROR, ID
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["ResultSink", "SinkSummary"]
 
@@ -31,7 +35,7 @@ class SinkSummary:
     error_examples: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _leaves(name: str, kind: Any) -> list[tuple[str, Any]]:
+def _leaves(name: str, kind: pa.DataType) -> list[tuple[str, pa.DataType]]:
     """(Parquet column path, Arrow type) of every leaf column under one field."""
     import pyarrow as pa
 
@@ -42,7 +46,7 @@ def _leaves(name: str, kind: Any) -> list[tuple[str, Any]]:
     return [(name, kind)]
 
 
-def dictionary_columns(schema: Any) -> list[str]:
+def dictionary_columns(schema: pa.Schema) -> list[str]:
     """The Parquet columns worth dictionary encoding: all but floats (scores and embeddings hardly repeat;
     trying a dictionary on them was most of the time spent writing token embeddings)."""
     import pyarrow as pa
@@ -51,7 +55,7 @@ def dictionary_columns(schema: Any) -> list[str]:
     return [path for path, kind in leaves if not pa.types.is_floating(kind)]
 
 
-def _read_part(path: Path) -> Any:
+def _read_part(path: Path) -> pa.Table:
     import pyarrow as pa
 
     with pa.OSFile(str(path), "rb") as source:
@@ -66,7 +70,7 @@ class ResultSink:
         self.keep_columns = keep_columns
         self.seen = np.zeros(expected, dtype=bool)
         self.parts: list[Path] = []
-        self.schemas: list[Any] = []
+        self.schemas: list[pa.Schema] = []
         self.errors = 0
         self.examples: list[dict[str, Any]] = []
         try:
@@ -81,7 +85,7 @@ class ResultSink:
     def __exit__(self, *exc: object) -> None:
         shutil.rmtree(self.stage, ignore_errors=True)
 
-    def add(self, table: Any) -> None:
+    def add(self, table: pa.Table) -> None:
         """Stage one batch; a row id seen twice (or outside the input) is an error, never written twice."""
         import pyarrow as pa
 
@@ -101,7 +105,7 @@ class ResultSink:
         self.parts.append(part)
         self.schemas.append(table.schema)
 
-    def _schema(self) -> Any:
+    def _schema(self) -> pa.Schema:
         import pyarrow as pa
 
         unified = pa.unify_schemas(self.schemas, promote_options="permissive")
@@ -110,7 +114,7 @@ class ResultSink:
         names = head + [n for n in unified.names if n not in head and n != ERROR] + [ERROR]
         return pa.schema([unified.field(n) for n in names])
 
-    def _parts(self, schema: Any) -> Any:
+    def _parts(self, schema: pa.Schema) -> Iterator[pa.Table]:
         """Each staged part with the final schema (a field no row of that part had is all null)."""
         import pyarrow as pa
 

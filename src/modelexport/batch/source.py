@@ -6,19 +6,23 @@ a single-input model, or one array per graph input; rows on axis 0): they are ch
 inputs here and travel as one tensor column per graph input, skipping the processor.
 
 Rows stay raw here: images are decoded and texts tokenized in the worker that runs them (the processor is
-the model's own, see :mod:`modelexport.batch.worker`), so the driver holds only strings. Tables are read by
-Arrow (what Ray Data moves between processes); the input column is found by the same names the dataset
-readers use (:mod:`modelexport.data.readers`), and an image path is relative to the file that lists it.
+the model's own, see :mod:`modelexport.batch.worker`), so the driver holds only strings. Table files are
+parsed by the dataset readers (:func:`modelexport.data.readers.iter_table`, the one set of parsing rules:
+``evaluate --data x.csv`` and ``infer --data x.csv`` see the same values) and built into Arrow (what Ray
+Data moves between processes) a chunk of rows at a time; the input column is found by the dataset readers'
+rule (:func:`~modelexport.data.readers.guess_input_column`), and an image path is relative to the file that
+lists it.
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,14 +30,22 @@ from ..data import load_dataset
 from ..data.readers import (
     IMAGE_COLUMNS,
     IMAGE_SUFFIXES,
-    LABEL_COLUMNS,
+    TABLE_PARSERS,
     TEXT_COLUMNS,
+    Row,
+    guess_input_column,
+    guess_label_column,
+    iter_table,
     read_npz,
     scan_image_folder,
+    table_columns,
 )
-from ..errors import ConfigError, DatasetError
+from ..errors import ConfigError, DatasetError, first_line
 from ..inference.feeds import dataset_feeds
 from ..inference.processors import ONNXAutoProcessor
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "Rows",
@@ -42,7 +54,6 @@ __all__ = [
     "ID",
     "ERROR",
     "FEED",
-    "TABLE_READERS",
     "require_pyarrow",
     "feed_arrays",
 ]
@@ -52,7 +63,7 @@ ID, INPUT, ERROR = "id", "_input", "error"
 FEED = "_feed."
 
 
-def require_pyarrow() -> Any:
+def require_pyarrow() -> ModuleType:
     """pyarrow (tables, Parquet), which ``modelexport[distributed]`` installs with Ray Data."""
     try:
         import pyarrow
@@ -68,7 +79,7 @@ class Rows:
     """``table`` has ``id``, ``_input`` and the kept columns; ``kind`` is ``text``, ``image`` (paths) or
     ``feeds`` (a ``.npz``: one ``_feed.NAME`` column per graph input instead of ``_input``)."""
 
-    table: Any
+    table: pa.Table
     kind: str
     source: str
     input_column: str
@@ -77,61 +88,48 @@ class Rows:
         return self.table.num_rows
 
 
-def _csv(sep: str) -> Callable[[Path], Any]:
-    def read(path: Path) -> Any:
-        from pyarrow import csv
-
-        # strings stay strings: a column of ids or zip codes must come back as written
-        return csv.read_csv(
-            path,
-            parse_options=csv.ParseOptions(delimiter=sep),
-            convert_options=csv.ConvertOptions(strings_can_be_null=True),
-        )
-
-    return read
+#: Rows turned into one Arrow table at a time: a large file is never held as Python objects whole.
+_CHUNK_ROWS = 65_536
 
 
-def _jsonl(path: Path) -> Any:
-    from pyarrow import json as pa_json
-
-    return pa_json.read_json(path)
-
-
-def _json(path: Path) -> Any:
+def _column(values: list[object]) -> pa.Array:
+    """One column's values in Arrow; a column that mixes types (a JSON file's ``3.0`` beside ``"a"``) holds
+    their text, as the dataset reader reads each cell (``str(value)``)."""
     import pyarrow as pa
 
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-        raise DatasetError(f"{path}: JSON must be a list of objects (one per row)")
-    return pa.Table.from_pylist(data)
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return pa.array([None if v is None else str(v) for v in values], pa.string())
 
 
-def _parquet(path: Path) -> Any:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path)
-
-
-def _lines(path: Path) -> Any:
+def _arrow_chunk(rows: list[Row]) -> pa.Table:
+    """Rows as one Arrow table, a column per key (a record without the key gives null)."""
     import pyarrow as pa
 
-    lines = [s.rstrip("\r\n") for s in path.read_text(encoding="utf-8").splitlines()]
-    return pa.table({"input": [s for s in lines if s.strip()]})
+    records = [row.values for row in rows]
+    return pa.table({name: _column([r.get(name) for r in records]) for name in table_columns(rows)})
 
 
-#: Table file suffix -> reader returning an Arrow table (one row per input). ``.txt``: one input per line.
-TABLE_READERS: dict[str, Callable[[Path], Any]] = {
-    ".csv": _csv(","),
-    ".tsv": _csv("\t"),
-    ".jsonl": _jsonl,
-    ".ndjson": _jsonl,
-    ".json": _json,
-    ".parquet": _parquet,
-    ".txt": _lines,
-}
+def _read_file(path: Path) -> pa.Table:
+    """A table file parsed by the dataset readers' rules (:func:`modelexport.data.readers.iter_table`),
+    built into Arrow one chunk of rows at a time."""
+    import pyarrow as pa
+
+    rows = iter_table(path)
+    chunks = []
+    while chunk := list(itertools.islice(rows, _CHUNK_ROWS)):
+        chunks.append(_arrow_chunk(chunk))
+    try:
+        return pa.concat_tables(chunks, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise DatasetError(
+            f"{path}: a column changes value type along the file ({first_line(exc)})",
+            hint="give each column one type (quote the numbers of a text column)",
+        ) from exc
 
 
-def _image_folder(root: Path) -> Any:
+def _image_folder(root: Path) -> pa.Table:
     """Flat images, or one sub-folder per class (kept as ``label``): the dataset readers' scan."""
     import pyarrow as pa
 
@@ -145,25 +143,21 @@ def _input_column(names: list[str], given: str | None, source: str) -> str:
         if given not in names:
             raise DatasetError(f"{source}: no column {given!r}; columns are {names}")
         return given
-    lower = {n.lower(): n for n in names}
-    found = next((lower[c] for c in (*TEXT_COLUMNS, *IMAGE_COLUMNS) if c in lower), None)
+    found = guess_input_column(names, guess_label_column(names))
     if found is not None:
         return found
-    others = [n for n in names if n.lower() not in LABEL_COLUMNS]
-    if len(others) == 1:
-        return others[0]
     raise DatasetError(
         f"{source}: no input column found among {names}",
         hint=f"name it one of {', '.join(TEXT_COLUMNS + IMAGE_COLUMNS)} or pass --input-column",
     )
 
 
-def _is_image_column(values: list[Any]) -> bool:
+def _is_image_column(values: list[object]) -> bool:
     given = [v for v in values if isinstance(v, str) and v.strip()]
     return bool(given) and all(v.lower().endswith(IMAGE_SUFFIXES) for v in given)
 
 
-def _table(data: str | os.PathLike[str] | Sequence[str]) -> tuple[Any, str, Path | None]:
+def _table(data: str | os.PathLike[str] | Sequence[str]) -> tuple[pa.Table, str, Path | None]:
     """(Arrow table, source name, folder image paths are relative to)."""
     import pyarrow as pa
 
@@ -172,21 +166,17 @@ def _table(data: str | os.PathLike[str] | Sequence[str]) -> tuple[Any, str, Path
     path = Path(data)
     if path.is_dir():
         return _image_folder(path), str(path), path
-    reader = TABLE_READERS.get(path.suffix.lower())
-    if reader is None:
+    if path.suffix.lower() not in TABLE_PARSERS:
         raise DatasetError(
             f"{path}: batch inference cannot read {path.suffix or 'files without an extension'}",
-            hint=f"use {', '.join(TABLE_READERS)}, .npz or an image folder",
+            hint=f"use {', '.join(TABLE_PARSERS)}, .npz or an image folder",
         )
     if not path.is_file():
         raise DatasetError(f"input data not found: {path}")
-    try:
-        return reader(path), str(path), path.parent
-    except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
-        raise DatasetError(f"{path}: cannot read: {exc}") from exc
+    return _read_file(path), str(path), path.parent
 
 
-def _tensor_column(array: np.ndarray) -> Any:
+def _tensor_column(array: np.ndarray) -> pa.Array:
     import pyarrow as pa
 
     if array.ndim == 1:
@@ -194,7 +184,7 @@ def _tensor_column(array: np.ndarray) -> Any:
     return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(array))
 
 
-def feed_arrays(table: Any) -> dict[str, np.ndarray]:
+def feed_arrays(table: pa.Table) -> dict[str, np.ndarray]:
     """The model-ready inputs of a batch of ``feeds`` rows: graph input name -> array (rows on axis 0)."""
     out = {}
     for name in table.column_names:

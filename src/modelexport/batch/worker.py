@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,7 +20,11 @@ from ..errors import InferenceError, first_line
 from ..inference.pipelines import pipeline
 from ..inference.processors import to_array
 from ..runtime.session import SessionConfig
+from ..testtime.policy import TestTimePolicy
 from .source import ERROR, ID, INPUT, feed_arrays
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["WorkerSpec", "Predictor", "PREDICTION", "kept_name"]
 
@@ -43,7 +47,7 @@ class WorkerSpec:
     #: Keyword arguments of the pipeline call (``top_k``, ``function_to_apply``...).
     call_kwargs: dict[str, Any] = field(default_factory=dict)
     #: The test-time policy (None: the embedded one, False: off), as the pipeline takes it.
-    test_time_policy: Any = None
+    test_time_policy: TestTimePolicy | dict[str, Any] | bool | None = None
 
 
 def _message(exc: BaseException) -> str:
@@ -51,7 +55,7 @@ def _message(exc: BaseException) -> str:
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """Pipeline outputs as plain Python (numpy scalars and arrays to numbers and lists) for Arrow: the
     fallback of :func:`_column` (it walks every element, so nested lists of floats cost seconds)."""
     if isinstance(value, dict):
@@ -63,23 +67,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _prepare_text(value: Any) -> Any:
+def _prepare_text(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InferenceError("empty text" if isinstance(value, str) else "no text in this row")
     return value
 
 
-def _prepare_image(value: Any) -> Any:
+def _prepare_image(value: object) -> np.ndarray:
     if not isinstance(value, str) or not value.strip():
         raise InferenceError("no image path in this row")
     return to_array(value)
 
 
-def _text_rows(batch: Any) -> list[Any]:
+def _text_rows(batch: pa.Table) -> list[str | None]:
     return batch.column(INPUT).to_pylist()
 
 
-def _feed_rows(batch: Any) -> list[dict[str, np.ndarray]]:
+def _feed_rows(batch: pa.Table) -> list[dict[str, np.ndarray]]:
     arrays = feed_arrays(batch)
     return [{k: v[i] for k, v in arrays.items()} for i in range(batch.num_rows)]
 
@@ -167,7 +171,7 @@ class Predictor:
             records[i] = {**fields, ERROR: err} if err is None else {ERROR: err}
         return records
 
-    def __call__(self, batch: Any) -> Any:
+    def __call__(self, batch: pa.Table) -> pa.Table:
         import pyarrow as pa
 
         records = self.records(self.rows(batch))

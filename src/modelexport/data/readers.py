@@ -13,6 +13,23 @@ all read it here), samples on axis 0:
 - ``label_names``: optional names of the integer ids ``0..K-1``.
 
 Labels anywhere may be words (``positive``) or ids (``1``); :func:`encode_labels` maps both to ``0..K-1``.
+
+Table files are parsed here and nowhere else (:data:`TABLE_PARSERS`, :func:`iter_table`): ``evaluate``,
+training and calibration read them through :func:`load_dataset`, batch inference (local and Ray) turns the
+same rows into Arrow blocks (:mod:`modelexport.batch.source`), so one file gives the same values to every
+command. The rules, one set for every reader:
+
+- UTF-8 text, a leading byte-order mark ignored; rows that are blank (or whitespace only) are skipped;
+- CSV/TSV: the first row is the header (names stripped, each once); a cell is the text as written, never
+  converted (``007`` stays ``"007"``, ``1e3`` stays ``"1e3"``); an empty cell (quoted or not) is missing
+  (None); a row with another number of fields than the header is an error naming its line;
+- JSON (a list of objects, or one under ``data``/``examples``/``rows``/``records``), JSONL/NDJSON (one
+  object per line) and Parquet keep their own types (numbers, booleans, null);
+- ``.txt``: one input per line, as the column ``input``;
+- an input cell is taken as its text (``str(value)``) by the dataset reader and batch inference alike.
+
+Parsers stream (a ``.json`` document is parsed whole). Parquet and ``.txt`` are batch inference's inputs only:
+``load_dataset`` claims the :data:`TABLE_SUFFIXES`.
 """
 
 from __future__ import annotations
@@ -21,10 +38,10 @@ import csv
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,6 +58,13 @@ __all__ = [
     "IMAGE_SUFFIXES",
     "read_npz",
     "scan_image_folder",
+    "Row",
+    "TABLE_PARSERS",
+    "iter_table",
+    "read_table",
+    "table_columns",
+    "guess_input_column",
+    "guess_label_column",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +84,7 @@ TEXT_COLUMNS = (
 LABEL_COLUMNS = ("label", "labels", "class", "target", "category", "sentiment", "y")
 IMAGE_COLUMNS = ("image", "image_path", "path", "file", "filename", "filepath", "img")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".pgm", ".ppm")
+#: The table files ``load_dataset`` reads (the parsers, :data:`TABLE_PARSERS`, also take Parquet and .txt).
 TABLE_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".ndjson")
 #: The ``.npz`` keys (see the module docstring).
 NPZ_INPUT, NPZ_LABELS, NPZ_LABEL_NAMES = "x", "y", "label_names"
@@ -349,12 +374,19 @@ def _load_images(paths: list[Path], where: list[str]) -> tuple[list[np.ndarray],
     return images, {"image_size": [size[1], size[0]], "channels": 1 if mode == "L" else 3, "resized": resized}
 
 
-# --- tables: CSV / TSV / JSON / JSONL --------------------------------------------------------------
-
-Row = tuple[int, dict[str, Any], str]  # (line number, record, raw text for messages)
+# --- tables: CSV / TSV / JSON / JSONL / Parquet / .txt --------------------------------------------
 
 
-def _existing_file(spec: str) -> Path:
+class Row(NamedTuple):
+    """One record of a table file: its line (record number for .json and Parquet), its values by column, and
+    its raw text (for messages)."""
+
+    line: int
+    values: dict[str, object]
+    raw: str
+
+
+def _existing_file(spec: str | Path) -> Path:
     path = Path(spec)
     if not path.is_file():
         raise DatasetError(
@@ -371,14 +403,17 @@ def _snippet(text: str) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
-def _read_delimited(path: Path, delimiter: str) -> tuple[list[str], list[Row]]:
-    rows: list[Row] = []
+def _read_delimited(path: Path, delimiter: str) -> Iterator[Row]:
+    """Cells are the text as written (``007`` stays ``007``); an empty cell is missing (None)."""
     with path.open(newline="", encoding="utf-8-sig") as fh:
         reader = csv.reader(fh, delimiter=delimiter)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
             raise DatasetError(f"{path}: is empty") from None
+        twice = sorted({h for h in header if header.count(h) > 1})
+        if twice:
+            raise DatasetError(f"{path}, line 1: the header names {twice} more than once")
         for row in reader:
             if not row or all(not c.strip() for c in row):
                 continue
@@ -388,13 +423,13 @@ def _read_delimited(path: Path, delimiter: str) -> tuple[list[str], list[Row]]:
                     f"{path}, line {reader.line_num}: {len(row)} fields, the header has {len(header)}: {_snippet(raw)}",
                     hint="quote fields that contain the delimiter",
                 )
-            rows.append((reader.line_num, dict(zip(header, row, strict=True)), raw))
-    return header, rows
+            values = {h: (c if c != "" else None) for h, c in zip(header, row, strict=True)}
+            yield Row(reader.line_num, values, raw)
 
 
-def _read_json(path: Path) -> tuple[list[str], list[Row]]:
+def _read_json(path: Path) -> Iterator[Row]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as exc:
         raise DatasetError(f"{path}, line {exc.lineno}: not valid JSON: {exc.msg}") from exc
     if isinstance(data, dict):
@@ -403,13 +438,12 @@ def _read_json(path: Path) -> tuple[list[str], list[Row]]:
         raise DatasetError(
             f'{path}: JSON must be a list of objects (one per example), e.g. [{{"text": ..., "label": ...}}]'
         )
-    rows = [(i + 1, rec, json.dumps(rec)) for i, rec in enumerate(data)]
-    return _columns(rows), rows
+    for i, rec in enumerate(data):
+        yield Row(i + 1, rec, json.dumps(rec))
 
 
-def _read_jsonl(path: Path) -> tuple[list[str], list[Row]]:
-    rows: list[Row] = []
-    with path.open(encoding="utf-8") as fh:
+def _read_jsonl(path: Path) -> Iterator[Row]:
+    with path.open(encoding="utf-8-sig") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
@@ -421,30 +455,64 @@ def _read_jsonl(path: Path) -> tuple[list[str], list[Row]]:
                 ) from exc
             if not isinstance(rec, dict):
                 raise DatasetError(f"{path}, line {lineno}: expected a JSON object: {_snippet(line)}")
-            rows.append((lineno, rec, line))
-    return _columns(rows), rows
+            yield Row(lineno, rec, line)
 
 
-def _columns(rows: list[Row]) -> list[str]:
-    seen: dict[str, None] = {}
-    for _, rec, _ in rows:
-        seen.update(dict.fromkeys(rec))
-    return list(seen)
+def _read_lines(path: Path) -> Iterator[Row]:
+    """One input per line, as column ``input`` (a name the text columns include); blank lines skipped."""
+    with path.open(encoding="utf-8-sig") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            text = line.rstrip("\r\n")
+            if text.strip():
+                yield Row(lineno, {LINES_COLUMN: text}, text)
 
 
-_TABLE_PARSERS: dict[str, Callable[[Path], tuple[list[str], list[Row]]]] = {
+def _read_parquet(path: Path) -> Iterator[Row]:
+    """Parquet's own types, one record batch at a time (a large file is never held whole)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise DatasetError(
+            f"{path}: reading Parquet needs pyarrow", hint="pip install 'modelexport[distributed]'"
+        ) from exc
+    try:
+        batches = pq.ParquetFile(path).iter_batches()
+        number = 0
+        for batch in batches:
+            for rec in batch.to_pylist():
+                number += 1
+                yield Row(number, rec, repr(rec))
+    except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
+        raise DatasetError(f"{path}: cannot read as Parquet: {first_line(exc)}") from exc
+
+
+#: Column name of a ``.txt`` file's lines.
+LINES_COLUMN = "input"
+
+#: Table file suffix -> its parser: the one set of parsing rules, whichever command reads the file.
+TABLE_PARSERS: dict[str, Callable[[Path], Iterator[Row]]] = {
     ".csv": lambda p: _read_delimited(p, ","),
     ".tsv": lambda p: _read_delimited(p, "\t"),
     ".json": _read_json,
     ".jsonl": _read_jsonl,
     ".ndjson": _read_jsonl,
+    ".parquet": _read_parquet,
+    ".txt": _read_lines,
 }
 
 
-def _parse_table(path: Path) -> tuple[list[str], list[Row]]:
-    """The file's header and rows; a file the parsers cannot take is a DatasetError that says why."""
+def iter_table(path: str | Path) -> Iterator[Row]:
+    """The rows of a table file, read lazily (CSV, TSV, JSONL, Parquet and .txt stream; a .json is one
+    document); a file the parsers cannot take, or one without rows, is a DatasetError that says why."""
+    path = _existing_file(path)
+    parse = TABLE_PARSERS.get(path.suffix.lower())
+    if parse is None:
+        raise DatasetError(f"{path}: not a table file", hint=f"use one of {', '.join(TABLE_PARSERS)}")
+    count = 0
     try:
-        return _TABLE_PARSERS[path.suffix.lower()](path)
+        for row in parse(path):
+            count += 1
+            yield row
     except UnicodeDecodeError as exc:
         raise DatasetError(
             f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start:,})",
@@ -460,45 +528,82 @@ def _parse_table(path: Path) -> tuple[list[str], list[Row]]:
         raise DatasetError(
             f"{path}: JSON nested deeper than the parser allows", hint="a dataset is a list of flat objects"
         ) from exc
+    if count == 0:
+        delimited = path.suffix.lower() in (".csv", ".tsv")
+        raise DatasetError(f"{path}: has a header but no rows" if delimited else f"{path}: is empty")
 
 
-def _pick_column(
-    header: list[str], given: str | None, candidates: tuple[str, ...], role: str, path: Path
-) -> str | None:
-    if given is not None:
-        if given not in header:
-            raise DatasetError(
-                f"{path}, line 1: no {role} column {given!r}; columns are {header}",
-                hint=f"pass --{role}_column with one of {header}",
-            )
-        return given
+def table_columns(rows: Iterable[Row]) -> list[str]:
+    """Every column of ``rows``, in the order first seen (records of a JSON file may differ in keys)."""
+    seen: dict[str, None] = {}
+    for row in rows:
+        seen.update(dict.fromkeys(row.values))
+    return list(seen)
+
+
+def read_table(path: str | Path) -> tuple[list[str], list[Row]]:
+    """The columns and rows of a table file, all in memory (what a labelled dataset needs)."""
+    rows = list(iter_table(path))
+    return table_columns(rows), rows
+
+
+def _named(header: Sequence[str], candidates: tuple[str, ...]) -> str | None:
+    """The first of ``candidates`` the header holds (names compared without case)."""
     lower = {h.lower(): h for h in header}
     return next((lower[c] for c in candidates if c in lower), None)
+
+
+def guess_label_column(header: Sequence[str]) -> str | None:
+    """The label column of a table whose user named none: the first of :data:`LABEL_COLUMNS` it holds."""
+    return _named(header, LABEL_COLUMNS)
+
+
+def guess_input_column(header: Sequence[str], label_column: str | None) -> str | None:
+    """The input column of a table whose user named none: the first of the text names, else of the image
+    names, else the one column besides ``label_column`` (None: no way to tell). The one rule of
+    ``load_dataset`` and batch inference."""
+    found = _named(header, TEXT_COLUMNS) or _named(header, IMAGE_COLUMNS)
+    if found is not None:
+        return found
+    others = [h for h in header if h != label_column]
+    return others[0] if len(others) == 1 else None
+
+
+def _given_column(header: list[str], given: str, role: str, path: Path) -> str:
+    if given not in header:
+        raise DatasetError(
+            f"{path}, line 1: no {role} column {given!r}; columns are {header}",
+            hint=f"pass --{role}_column with one of {header}",
+        )
+    return given
 
 
 @register_reader("table", lambda spec: Path(spec).suffix.lower() in TABLE_SUFFIXES)
 def _read_table(spec: str, options: ReadOptions) -> Dataset:
     path = _existing_file(spec)
-    header, rows = _parse_table(path)
-    if not rows:
-        raise DatasetError(f"{path}: has a header but no rows" if header else f"{path}: is empty")
-    label_col = _pick_column(header, options.label_column, LABEL_COLUMNS, "label", path)
+    header, rows = read_table(path)
+    given_label = options.label_column
+    label_col = (
+        guess_label_column(header)
+        if given_label is None
+        else _given_column(header, given_label, "label", path)
+    )
     if label_col is None and options.require_labels:
         raise DatasetError(
             f"{path}, line 1: no label column found among {header}",
             hint=f"name it one of {', '.join(LABEL_COLUMNS)} or pass --label_column",
         )
-    input_col = _pick_column(header, options.text_column, TEXT_COLUMNS, "text", path)
+    given_input = options.text_column
+    input_col = (
+        guess_input_column(header, label_col)
+        if given_input is None
+        else _given_column(header, given_input, "text", path)
+    )
     if input_col is None:
-        input_col = _pick_column(header, None, IMAGE_COLUMNS, "image", path)
-    if input_col is None:
-        others = [h for h in header if h != label_col]
-        if len(others) != 1:
-            raise DatasetError(
-                f"{path}, line 1: no text or image column found among {header}",
-                hint=f"name it one of {', '.join(TEXT_COLUMNS + IMAGE_COLUMNS)} or pass --text_column",
-            )
-        input_col = others[0]
+        raise DatasetError(
+            f"{path}, line 1: no text or image column found among {header}",
+            hint=f"name it one of {', '.join(TEXT_COLUMNS + IMAGE_COLUMNS)} or pass --text_column",
+        )
     return _table_dataset(path, rows, input_col, label_col, options)
 
 

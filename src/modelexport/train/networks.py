@@ -11,14 +11,24 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
 from .._transformers import quiet_loading
 from ..data import Dataset
-from ..errors import ConfigError, ModelNotFoundError, TrainingError, first_line
+from ..errors import ConfigError, ModelNotFoundError, first_line
 from ..export.config import InputSpec
+from ..inference.graph import GraphInput
+from ..inference.processors.image import ONNXImageProcessor
+
+if TYPE_CHECKING:
+    import torch
+    from PIL.Image import Image
+
+#: What an image network encodes: an HWC array, a PIL image or a file path.
+ImageInput = Union[np.ndarray, "Image", str, Path]
+PIXEL_VALUES = "pixel_values"
 
 __all__ = [
     "NETWORKS",
@@ -79,7 +89,7 @@ class Network:
 
         return self.module(**{k: torch.from_numpy(v) for k, v in feeds.items()})
 
-    def augment(self, feeds: dict[str, np.ndarray], generator: Any) -> dict[str, np.ndarray]:
+    def augment(self, feeds: dict[str, np.ndarray], generator: torch.Generator) -> dict[str, np.ndarray]:
         """Training-time augmentation of encoded feeds (``generator``: a seeded ``torch.Generator``).
 
         Only the trainer calls it, on training batches; inference and validation never do. Default: none.
@@ -211,7 +221,13 @@ def _build_text(dataset: Dataset, options: NetworkOptions) -> Network:
 
 @dataclass
 class ImageClassifier(Network):
-    """A :func:`CompactCNN` with per-channel normalisation measured on the training images."""
+    """A :func:`CompactCNN` with per-channel normalisation measured on the training images.
+
+    Images are pre-processed by ``processor``: the inference image processor
+    (:class:`~modelexport.inference.processors.image.ONNXImageProcessor`) built from the config the export
+    embeds in the package (:meth:`processor_config`), so training, validation and ``infer`` on the package
+    turn an image into the same tensor.
+    """
 
     id2label: dict[int, str]
     image_size: tuple[int, int]
@@ -222,6 +238,7 @@ class ImageClassifier(Network):
     keep_batchnorm: bool = True
     #: Training-time augmentation (a ``cnn.AffineJitter``; None: the ``light`` preset).
     augmentation: Any = field(default=None, repr=False)
+    processor: ONNXImageProcessor = field(init=False, repr=False)
 
     kind = "image"
     input_field = "image"
@@ -233,19 +250,18 @@ class ImageClassifier(Network):
             self.module = CompactCNN(self.channels, len(self.id2label), self.image_size)
         if self.augmentation is None:
             self.augmentation = AFFINE_PRESETS["light"]
+        self.processor = ONNXImageProcessor([self.graph_input()], self.processor_config())
 
-    def encode(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        shapes = {tuple(np.shape(img)) for img in inputs}
-        want = (*self.image_size, self.channels)
-        if shapes != {want}:
-            raise TrainingError(
-                f"images must be {want} (H, W, C) uint8 arrays, got shapes {sorted(shapes)[:3]}"
-            )
-        x = np.stack(inputs).astype(np.float32) / 255.0
-        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        return {"pixel_values": np.ascontiguousarray(x.transpose(0, 3, 1, 2))}
+    def graph_input(self) -> GraphInput:
+        """The exported graph's image input: a dynamic batch of ``channels x H x W`` float images."""
+        return GraphInput(PIXEL_VALUES, (None, self.channels, *self.image_size), "float32")
 
-    def augment(self, feeds: dict[str, np.ndarray], generator: Any) -> dict[str, np.ndarray]:
+    def encode(self, inputs: Sequence[ImageInput]) -> dict[str, np.ndarray]:
+        """``pixel_values`` by the package's image processor (arrays, PIL images or paths; other sizes and
+        channel counts are converted as ``infer`` converts them)."""
+        return {PIXEL_VALUES: self.processor(images=list(inputs))[PIXEL_VALUES]}
+
+    def augment(self, feeds: dict[str, np.ndarray], generator: torch.Generator) -> dict[str, np.ndarray]:
         """Small random affine warps (rotation, scale, shift; never flips) of the training batch."""
         import torch
 
@@ -259,6 +275,7 @@ class ImageClassifier(Network):
             "image_processor_type": "ViTImageProcessor",
             "do_resize": True,  # a no-op on training-size images; other sizes get the graph's
             "size": {"height": h, "width": w},
+            "resample": 2,  # bilinear, ViTImageProcessor's own default, spelled out as transformers writes it
             "do_rescale": True,
             "rescale_factor": 1.0 / 255.0,
             "do_normalize": True,
@@ -269,11 +286,11 @@ class ImageClassifier(Network):
 
     def export_source(self, workdir: Path) -> tuple[Any, dict[str, Any]]:
         h, w = self.image_size
-        spec = InputSpec("pixel_values", (2, self.channels, h, w), "float32", {0: "batch_size"})
+        spec = InputSpec(PIXEL_VALUES, (2, self.channels, h, w), "float32", {0: "batch_size"})
         return self.module, {
             "task": "image-classification",
             "id2label": self.id2label,
-            "processor_config": self.processor_config(),
+            "processor_config": self.processor.config,  # the one this network encodes with
             "input_specs": (spec,),
             "keep_batchnorm": self.keep_batchnorm,
         }

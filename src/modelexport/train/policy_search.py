@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import dspy
 import numpy as np
@@ -29,7 +30,7 @@ from ..testtime.aggregate import AGGREGATORS
 from ..testtime.augment import transforms_for
 from ..testtime.policy import POLICY_PRESETS, TestTimePolicy
 from ..testtime.streams import StreamOrder
-from .program import ClassifierProgram, OnnxBackend, label_accuracy
+from .program import ClassifierProgram, Metric, OnnxBackend, label_accuracy
 from .settings import SETTINGS, TTT_METHODS
 from .weights import evaluate_program
 
@@ -48,6 +49,13 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+class Trial(Protocol):
+    """One candidate tried on the validation streams: its trial, or None when the model cannot run it."""
+
+    def __call__(self, policy: TestTimePolicy, members: tuple[str, ...] = ()) -> PolicyTrial | None: ...
+
 
 #: Candidate TTA sets per modality when the user names none (each is one candidate).
 DEFAULT_TTA_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
@@ -224,10 +232,10 @@ class TestTimePolicyOptimizer(Teleprompter):
         student: ClassifierProgram,
         *,
         trainset: list[dspy.Example],
-        teacher: Any = None,
+        teacher: dspy.Module | None = None,
         valset: list[dspy.Example] | None = None,
-        metric: Any = label_accuracy,
-        **kwargs: Any,
+        metric: Metric = label_accuracy,
+        **kwargs: object,
     ) -> ClassifierProgram:
         """Choose on ``valset`` (``trainset`` when no valset is given); returns ``student`` deployed with the best policy."""
         backend = student.backend
@@ -291,7 +299,7 @@ class TestTimePolicyOptimizer(Teleprompter):
         student.policy_search = self.result
         return student
 
-    def _extras(self, trials: list[PolicyTrial], trial: Any) -> list[PolicyTrial]:
+    def _extras(self, trials: list[PolicyTrial], trial: Trial) -> list[PolicyTrial]:
         """MC dropout and the ensemble, each tried on the best candidate so far (the one the user's fixed
         settings allow when there is one): both multiply the cost of whatever they wrap."""
         space, out = self.space, []
@@ -329,7 +337,7 @@ def measure_policy(
     program: ClassifierProgram,
     policy: TestTimePolicy,
     examples: list[dspy.Example],
-    metric: Any = label_accuracy,
+    metric: Metric = label_accuracy,
     warm_up: bool = True,
 ) -> PolicyTrial:
     """Accuracy (``dspy.Evaluate``) and p50 latency per batch of the program as currently deployed.
@@ -366,8 +374,8 @@ def measure_streams(
     program: ClassifierProgram,
     policy: TestTimePolicy,
     streams: dict[str, list[dspy.Example]],
-    metric: Any,
-    deployment: tuple[Any, Any],
+    metric: Metric,
+    deployment: tuple[Path, tuple[str, ...]],
     ensemble: tuple[str, ...] = (),
 ) -> PolicyTrial:
     """``measure_policy`` per stream order, each on a fresh deployment (a continual policy starts from the

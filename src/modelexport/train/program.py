@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dspy
 import numpy as np
@@ -24,16 +24,22 @@ from ..testtime.ensemble import merge_probabilities
 from ..testtime.policy import TestTimePolicy
 from .networks import Network
 
+if TYPE_CHECKING:
+    from ..testtime.streams import Stream
+
 __all__ = [
     "ClassifierProgram",
     "TorchBackend",
     "OnnxBackend",
     "to_examples",
     "label_accuracy",
+    "Metric",
 ]
 
 #: A backend turns a batch of raw inputs (texts or images) into class probabilities (N, K).
 Backend = Callable[[Sequence[Any]], np.ndarray]
+#: A DSPy metric: ``metric(example, prediction, trace=None)``, true (or a score) when the prediction is right.
+Metric = Callable[..., object]
 
 
 class TorchBackend:
@@ -71,7 +77,7 @@ class OnnxBackend:
         network: Network,
         model_path: str | Path,
         providers: Sequence[str] | None = None,
-        policy: Any = None,
+        policy: TestTimePolicy | None = None,
         ensemble: Sequence[str | Path] = (),
     ) -> None:
         self.network = network
@@ -98,7 +104,7 @@ class OnnxBackend:
         others = [self._predict(m, s, inputs) for m, s in zip(self.members, self.member_streams, strict=True)]
         return merge_probabilities([probs, *others])
 
-    def _predict(self, engine: TestTimeEngine, stream: Any, inputs: Sequence[Any]) -> np.ndarray:
+    def _predict(self, engine: TestTimeEngine, stream: Stream, inputs: Sequence[Any]) -> np.ndarray:
         if engine.modality == "text" and self.policy.tta_transforms:
             return engine.predict_texts(list(inputs), lambda texts: self.network.encode(texts))
         return engine.predict(self._feeds(inputs), stream)
@@ -114,7 +120,7 @@ class OnnxBackend:
         return {n: feeds[n] for n in names}
 
 
-def _key(value: Any) -> Any:
+def _key(value: object) -> Hashable:
     if isinstance(value, np.ndarray):
         return (value.shape, str(value.dtype), hashlib.blake2b(value.tobytes(), digest_size=16).digest())
     return value
@@ -139,7 +145,7 @@ class ClassifierProgram(dspy.Module):
     def input_field(self) -> str:
         return self.network.input_field
 
-    def forward(self, **inputs: Any) -> dspy.Prediction:
+    def forward(self, **inputs: object) -> dspy.Prediction:
         """Classify one input given as ``text=...`` or ``image=...``."""
         if self.input_field not in inputs:
             raise InferenceError(f"this program classifies {self.input_field} inputs; got {sorted(inputs)}")
@@ -180,7 +186,7 @@ class ClassifierProgram(dspy.Module):
         self,
         model_path: str | Path,
         providers: Sequence[str] | None = None,
-        policy: Any = None,
+        policy: TestTimePolicy | None = None,
         *,
         ensemble: Sequence[str | Path] = (),
     ) -> ClassifierProgram:
@@ -195,7 +201,7 @@ class ClassifierProgram(dspy.Module):
         return tuple(getattr(self.backend, "ensemble", ()))
 
     @property
-    def policy(self) -> Any:
+    def policy(self) -> TestTimePolicy | None:
         """The deployed test-time policy (None while the torch network serves)."""
         return getattr(self.backend, "policy", None)
 
@@ -217,6 +223,6 @@ def to_examples(dataset: Dataset) -> list[dspy.Example]:
     ]
 
 
-def label_accuracy(example: dspy.Example, prediction: dspy.Prediction, trace: Any = None) -> bool:
+def label_accuracy(example: dspy.Example, prediction: dspy.Prediction, trace: object = None) -> bool:
     """DSPy metric: the predicted label equals the gold label."""
     return str(prediction.label) == str(example.label)

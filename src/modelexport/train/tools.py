@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import dspy
 import numpy as np
 
-from ..errors import InferenceError
+from ..errors import InferenceError, first_line
+from ..inference.processors.image import to_array
 from .program import ClassifierProgram
 
 __all__ = ["ONNXInferenceTool"]
@@ -17,8 +17,9 @@ __all__ = ["ONNXInferenceTool"]
 class ONNXInferenceTool(dspy.Tool):
     """Classify a text (``text: str``) or an image file (``image_path: str``) with the program's backend.
 
-    Agents call tools with JSON-friendly arguments, so images are given as a file path and loaded
-    with the network's own size and channel count. Returns ``{"label", "confidence"}``.
+    Agents call tools with JSON-friendly arguments, so images are given as a file path, read as ``infer``
+    reads it and pre-processed by the network's (the package's) image processor. Returns
+    ``{"label", "confidence"}``.
     """
 
     program: Any = None  # a pydantic field: dspy.Tool is a pydantic model
@@ -34,7 +35,7 @@ class ONNXInferenceTool(dspy.Tool):
         else:
 
             def classify(image_path: str) -> dict[str, Any]:
-                return self._result(program(image=_load_image(program, image_path)))
+                return self._result(program(image=_load_image(image_path)))
 
         super().__init__(
             classify,
@@ -48,15 +49,9 @@ class ONNXInferenceTool(dspy.Tool):
         return {"label": prediction.label, "confidence": round(float(prediction.confidence), 4)}
 
 
-def _load_image(program: ClassifierProgram, image_path: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
-    net = program.network
-    h, w = net.image_size  # type: ignore[attr-defined]
-    mode = "L" if net.channels == 1 else "RGB"  # type: ignore[attr-defined]
+def _load_image(image_path: str) -> np.ndarray:
+    """The file as an array, read as ``infer`` reads it; the network's processor sizes it."""
     try:
-        with Image.open(Path(image_path)) as img:
-            arr = np.asarray(img.convert(mode).resize((w, h)), dtype=np.uint8)
-    except (OSError, UnidentifiedImageError) as exc:
-        raise InferenceError(f"cannot read image {image_path!r}: {exc}") from exc
-    return arr[:, :, None] if arr.ndim == 2 else arr
+        return to_array(image_path)
+    except InferenceError as exc:
+        raise InferenceError(f"cannot read image {image_path!r}: {first_line(exc)}", hint=exc.hint) from exc

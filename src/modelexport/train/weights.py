@@ -23,13 +23,11 @@ from dspy.teleprompt import Teleprompter
 from .._numeric import MAX_SEED, is_seed
 from .._progress import progress_bar
 from ..errors import ConfigError, TrainingError
-from .program import ClassifierProgram, label_accuracy
+from .program import ClassifierProgram, Metric, label_accuracy
 
 __all__ = ["SCHEDULES", "TrainConfig", "TrainingSummary", "TorchWeightOptimizer", "evaluate_program"]
 
 log = logging.getLogger(__name__)
-
-Metric = Callable[..., Any]
 
 #: Learning-rate decay after warm-up: progress in [0, 1] -> multiplier of the peak learning rate.
 SCHEDULES: dict[str, Callable[[float], float]] = {
@@ -136,10 +134,10 @@ class TorchWeightOptimizer(Teleprompter):
         student: ClassifierProgram,
         *,
         trainset: list[dspy.Example],
-        teacher: Any = None,
+        teacher: dspy.Module | None = None,
         valset: list[dspy.Example] | None = None,
         metric: Metric = label_accuracy,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> ClassifierProgram:
         """Train in place and return ``student`` (copying a network's weights per candidate would be wasteful)."""
         if not isinstance(student, ClassifierProgram):
