@@ -220,17 +220,19 @@ class ONNXPipeline:
             results.extend(self.run_batch(batch, **kwargs))
         return self.format(results, single, **kwargs)
 
-    def format(self, results: list[Any], single: bool, **kwargs: object) -> Any:
+    # format, run_batch and run_feeds take ``**kwargs: Any``: each task's override names its own options with
+    # their types (``top_k: int | None``...), which a base typed ``object`` would forbid.
+    def format(self, results: list[Any], single: bool, **kwargs: Any) -> Any:
         return results[0] if single else results
 
-    def run_batch(self, items: list[Any], **kwargs: object) -> list[Any]:
+    def run_batch(self, items: list[Any], **kwargs: Any) -> list[Any]:
         raise NotImplementedError
 
     #: Whether :meth:`run_feeds` takes model-ready feeds: False where the outputs need the raw inputs
     #: (token offsets, image sizes, the context of an answer).
     takes_feeds: ClassVar[bool] = False
 
-    def run_feeds(self, feeds: dict[str, np.ndarray], **kwargs: object) -> list[Any]:
+    def run_feeds(self, feeds: dict[str, np.ndarray], **kwargs: Any) -> list[Any]:
         """One batch of model-ready feeds (what the processor would make) -> this task's outputs."""
         raise ConfigError(
             f"{self.task} needs its raw inputs (texts, images), not model-ready arrays",

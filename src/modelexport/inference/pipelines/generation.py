@@ -340,22 +340,18 @@ class TextGenerationPipeline(ONNXPipeline):
         return run_bound(self.session, feeds, bound, self.cache.out_names, self.cache.device, logits)
 
     # --------------------------------------------------------------------- decoding steps (subclasses)
-    def _begin(
-        self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None
-    ) -> list[OrtValue] | None:
-        """The state before the first step (here: an empty past); ``context`` is what generate() was given.
-
-        Each subclass has its own state (here the cache OrtValues, or None without a cache): :meth:`generate`
-        only hands it from one step to the next."""
+    # The decoding state is each subclass's own (here the cache OrtValues, None without a cache; an
+    # encoder-decoder's holds its encoder states too): generate() only hands it from one step to the next, so
+    # these three hooks type it Any and each override names its own.
+    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None) -> Any:
+        """The state before the first step (here: an empty past); ``context`` is what generate() was given."""
         return self.cache.empty(len(ids)) if self.cache else None
 
-    def _advance(
-        self, ids: np.ndarray, mask: np.ndarray, new: int, past: list[OrtValue] | None
-    ) -> tuple[np.ndarray, list[OrtValue] | None]:
+    def _advance(self, ids: np.ndarray, mask: np.ndarray, new: int, past: Any) -> tuple[np.ndarray, Any]:
         """One step on the last ``new`` tokens: the next-token scores and the new state."""
         return self._run(self._step_feeds(ids, mask, new), past)
 
-    def _reorder(self, past: list[OrtValue] | None, order: np.ndarray) -> list[OrtValue] | None:
+    def _reorder(self, past: Any, order: np.ndarray) -> Any:
         """The state with its rows following the beams that survived."""
         return [self.cache.ort.OrtValue.ortvalue_from_numpy(p.numpy()[order]) for p in past] if past else past
 

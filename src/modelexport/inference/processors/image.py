@@ -112,7 +112,7 @@ class ONNXImageProcessor(BaseONNXProcessor):
         config: dict[str, Any] | None = None,
         input_name: str | None = None,
         *,
-        processor: BaseImageProcessor | None = None,
+        processor: ImageProcessor | None = None,
         model_type: str | None = None,
     ) -> None:
         super().__init__(inputs, processor.to_dict() if processor is not None else config)
