@@ -55,9 +55,8 @@ class _State:
     """What a decoder step binds besides its new token: encoder states and the cache, as OrtValues."""
 
     encoder: dict[str, OrtValue]
-    past: dict[str, OrtValue] = field(
-        default_factory=dict
-    )  # "{layer}.{decoder|encoder}.{key|value}" -> value
+    #: "{layer}.{decoder|encoder}.{key|value}" -> value
+    past: dict[str, OrtValue] = field(default_factory=dict)
 
 
 class _EncoderDecoder(TextGenerationPipeline):
