@@ -45,7 +45,9 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-def package_summary(result: PackageResult, summary: Callable[[_Result], str]) -> str:
+def package_summary(
+    result: PackageResult, summary: Callable[[QuantizeResult], str] | Callable[[OptimizeResult], str]
+) -> str:
     """Each graph's summary (``summary(result)``) under one line for the package."""
     verb = {"quantize": "Quantized", "optimize": "Optimized"}[result.kind]
     lines = [f"{verb} the {len(result.components)} graphs of {result.input_dir} -> {result.output_dir}"]

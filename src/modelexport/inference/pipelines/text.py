@@ -10,7 +10,7 @@ from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError
 from ...metadata.schema import KEY_EMBEDDING
 from ...testtime.ensemble import merge_probabilities
-from ..processors.text import Encoding
+from ..processors.text import TokenizedBatch
 from .base import ClassificationMixin, ONNXPipeline, register_pipeline
 
 __all__ = [
@@ -134,7 +134,7 @@ class TokenClassificationPipeline(ONNXPipeline):
 
     STRATEGIES = ("none", "simple")
 
-    def _tokens(self, enc: Encoding, probs: np.ndarray, i: int, text: str) -> list[dict[str, Any]]:
+    def _tokens(self, enc: TokenizedBatch, probs: np.ndarray, i: int, text: str) -> list[dict[str, Any]]:
         tokenizer, entities = self.processor.tokenizer, []
         for j, token_id in enumerate(enc["input_ids"][i]):
             if enc["special_tokens_mask"][i][j] or not enc["attention_mask"][i][j]:

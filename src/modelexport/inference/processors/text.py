@@ -16,12 +16,12 @@ from .fast_tokenizer import FastEncoding, FastTokenizer
 if TYPE_CHECKING:
     from transformers import BatchEncoding, PreTrainedTokenizerBase
 
-__all__ = ["Encoding", "ONNXTokenizer", "Tokenizer", "load_tokenizer"]
+__all__ = ["ONNXTokenizer", "TokenizedBatch", "Tokenizer", "load_tokenizer"]
 
 #: A tokenizer the processors call: ours on the ``tokenizers`` library, or transformers' own.
 Tokenizer: TypeAlias = "FastTokenizer | PreTrainedTokenizerBase"
 #: What a tokenizer call returns: numpy arrays by name, with ``sequence_ids(i)``.
-Encoding: TypeAlias = "FastEncoding | BatchEncoding"
+TokenizedBatch: TypeAlias = "FastEncoding | BatchEncoding"
 
 _NO_LIMIT = 1_000_000
 
@@ -72,7 +72,7 @@ class ONNXTokenizer(BaseONNXProcessor):
         positions = self.config.get("max_position_embeddings")
         return int(positions) if positions else None
 
-    def encode(self, texts: list[str], pairs: list[str] | None = None, **kwargs: object) -> Encoding:
+    def encode(self, texts: list[str], pairs: list[str] | None = None, **kwargs: object) -> TokenizedBatch:
         """A numpy BatchEncoding (offsets, word ids... as asked) padded for this graph."""
         padding = "max_length" if self.fixed_length else True
         args = (texts, pairs) if pairs is not None else (texts,)
