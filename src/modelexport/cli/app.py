@@ -63,7 +63,7 @@ class LazyGroup(click.Group):
 class _Choice(click.Choice):
     """A choice whose error names the closest valid value and every valid one."""
 
-    def get_invalid_choice_message(self, value: Any, ctx: click.Context | None) -> str:
+    def get_invalid_choice_message(self, value: object, ctx: click.Context | None) -> str:
         valid = [str(c) for c in self.choices]
         guess = closest(value, valid)
         mean = f" (did you mean {guess!r}?)" if guess else ""

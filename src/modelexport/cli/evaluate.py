@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import click
 
 from ..batch.evaluate import evaluate_batch
 from ..errors import ConfigError
-from ..inference.evaluate import evaluate
+from ..inference.evaluate import EvaluationResult, evaluate
 from ..testtime.policy import STATISTICS, TestTimePolicy
 from .display import echo, progress
 from .options import ray_engine_options
@@ -18,7 +17,7 @@ from .test_time_options import ensemble_iteration_options, iteration_from
 __all__ = ["evaluate_cmd"]
 
 
-def _table(result: Any) -> str:
+def _table(result: EvaluationResult) -> str:
     rows = [("configuration", result)] + ([("baseline (plain)", result.baseline)] if result.baseline else [])
     head = f"{'':18} {'accuracy':>9} {'p50 ms':>9} {'p95 ms':>9} {'per s':>9} {'views':>6}"
     lines = [head]

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..export import ExportConfig, export, load_input_specs
 from .display import diff, echo, progress
-from .options import overwrite_option
+from .options import OptionValue, overwrite_option
+
+if TYPE_CHECKING:
+    from ..export.api import ExportResult
 
 __all__ = ["export_cmd"]
 
@@ -29,7 +32,7 @@ def _coverage(cov: dict[str, Any], graph: str = "") -> str:
     return f"  hierarchy tags{graph}: {cov['coverage_pct']}% of nodes ({sources}), {modules} modules"
 
 
-def _summary(result: Any) -> str:
+def _summary(result: ExportResult) -> str:
     graphs = result.components or {result.onnx_path.name: result}
     lines = [
         f"Exported {result.onnx_path} ({result.exporter}, opset {result.opset}, {result.node_count} nodes)",
@@ -163,7 +166,7 @@ def _summary(result: Any) -> str:
     show_default=True,
     help="Summary format.",
 )
-def export_cmd(model: str, output: str, **opts: Any) -> int:
+def export_cmd(model: str, output: str, **opts: OptionValue) -> int:
     """Export MODEL (HF folder, hub id, file.py:factory or package.module:factory) to OUTPUT with hierarchy tags.
 
     OUTPUT is a folder (out/, or any path not ending in .onnx) that gets model.onnx, where every node

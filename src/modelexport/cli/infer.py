@@ -17,6 +17,7 @@ import numpy as np
 from ..batch import batch_infer
 from ..errors import ConfigError
 from ..inference import pipeline
+from ..inference.pipelines.base import ONNXPipeline
 from ..inference.pipelines.seq2seq import SPEECH_DECODER_TASKS, SpeechRecognitionPipeline
 from ..inference.pipelines.vlm import check_images, is_vision_text_package, pair_inputs
 from ..metadata import read_metadata
@@ -25,7 +26,7 @@ from ..metadata.tasks import normalize_task
 from ..onnxfile import resolve_model_path
 from ..testtime.policy import TestTimePolicy
 from .display import WrappedStream, echo, progress
-from .options import overwrite_option, ray_engine_options, stacked
+from .options import Decorated, OptionValue, overwrite_option, ray_engine_options, stacked
 from .test_time_options import ensemble_iteration_options, iteration_from
 
 __all__ = ["infer_cmd"]
@@ -61,7 +62,7 @@ def _inputs(
     return list(given[0][0]), given[0][1]
 
 
-def _check_modality(pipe: Any, kind: str, question: str | None = None) -> None:
+def _check_modality(pipe: ONNXPipeline, kind: str, question: str | None = None) -> None:
     if question is not None and pipe.task != "question-answering":
         raise ConfigError(
             f"--question is for question-answering models; this model's task is {pipe.task}",
@@ -96,7 +97,7 @@ def _speech_options(task: str | None, language: str | None) -> tuple[str | None,
     return task, prompt
 
 
-def _check_speech_options(pipe: Any, prompt: dict[str, str]) -> None:
+def _check_speech_options(pipe: ONNXPipeline, prompt: dict[str, str]) -> None:
     """--language / --task transcribe|translate only for a speech package whose decoder can be prompted so."""
     if not prompt:
         return
@@ -112,7 +113,7 @@ def _check_speech_options(pipe: Any, prompt: dict[str, str]) -> None:
 # --- batch: --data PATH --output PRED, on this process or on Ray ------------------------------------------
 
 
-def _batch_options(fn: Any) -> Any:
+def _batch_options(fn: Decorated) -> Decorated:
     """The options of a dataset run (one block, so other options stay independent of it)."""
     options = [
         click.option(
@@ -209,7 +210,8 @@ def _run_batch(
     return 0
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
+    """``value`` for ``json.dumps``: numpy scalars (what has ``item()``) as Python values, in dicts and lists."""
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -259,12 +261,12 @@ GENERATION_KEYS = (
 )
 
 
-def _generation_options(fn: Any) -> Any:
+def _generation_options(fn: Decorated) -> Decorated:
     return stacked(_GENERATION_OPTIONS)(fn)
 
 
 def _check_generation_options(
-    pipe: Any, given: dict[str, Any], *, streaming: bool, kwargs: dict[str, Any]
+    pipe: ONNXPipeline, given: dict[str, Any], *, streaming: bool, kwargs: dict[str, Any]
 ) -> None:
     """Generation options only for generating pipelines; one prompt on a terminal streams its tokens."""
     used = sorted(k for k, v in given.items() if v is not None)
@@ -355,7 +357,7 @@ def infer_cmd(
     loop: str,
     tol: float | None,
     as_json: bool,
-    **options: Any,
+    **options: OptionValue,
 ) -> int:
     """Run MODEL (a .onnx file or an export folder) on the inputs with the auto-detected pipeline.
 
@@ -450,7 +452,7 @@ def _test_time_policy(model: str, mc_dropout: int | None) -> TestTimePolicy | No
     return base.with_changes(mc_dropout=mc_dropout)
 
 
-def _item(item: Any) -> str:
+def _item(item: str | dict[str, Any]) -> str:
     """An input as a line starts with it: a text, a question, or an image or audio file."""
     if isinstance(item, dict) and "images" in item:  # a vision-language (image, prompt) pair, by file name
         images = item["images"] if isinstance(item["images"], list | tuple) else [item["images"]]
@@ -460,7 +462,7 @@ def _item(item: Any) -> str:
     return str(item)[:60]
 
 
-def _prediction(pred: Any, item: Any = None) -> str:
+def _prediction(pred: object, item: str | dict[str, Any] | None = None) -> str:
     """A prediction in a few words: labels with scores, generated text (after its prompt, as streamed), or an
     embedding's size and first values."""
     pred = _jsonable(pred)
@@ -486,7 +488,7 @@ def _prediction(pred: Any, item: Any = None) -> str:
 _NAMES = ("label", "answer", "entity_group", "entity")
 
 
-def _named(pred: Any) -> str | None:
+def _named(pred: object) -> str | None:
     """``positive 0.981``, ``'paris' 0.412``, ``LOC paris 0.97``: a prediction dict's name and score."""
     if not isinstance(pred, dict):
         return None
@@ -499,7 +501,7 @@ def _named(pred: Any) -> str | None:
     return f"{value} {pred['score']:.3f}" if isinstance(pred.get("score"), float) else value
 
 
-def _numeric(value: Any) -> bool:
+def _numeric(value: object) -> bool:
     try:
         np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):

@@ -9,7 +9,6 @@ atomically); errors are raised as ModelExportError subclasses for the app.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -60,7 +59,7 @@ def _plan(
     return plan_output(output, file_name_for(command, fmt), inputs=inputs, overwrite=overwrite), fmt
 
 
-def _emit(command: str, result: Any, fmt: str, plan: OutputPlan | None, wide: bool = False) -> None:
+def _emit(command: str, result: object, fmt: str, plan: OutputPlan | None, wide: bool = False) -> None:
     """Render ``result`` and print it (cut to the terminal unless ``wide``), or write it whole where planned."""
 
     if plan is not None:

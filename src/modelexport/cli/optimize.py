@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -27,21 +28,26 @@ from ..optimize.config import (
     WeightOnlyConfig,
     quantize_config,
 )
-from ..optimize.graph import optimize_model
+from ..optimize.graph import OptimizeResult, optimize_model
 from ..optimize.package import PackageResult
-from ..optimize.quantization import quantize
+from ..optimize.quantization import QuantizeResult, quantize
 from ..runtime.session import GRAPH_LEVEL_ALIASES, GRAPH_LEVELS
 from .display import echo, message, progress
-from .options import overwrite_option
+from .options import OptionValue, overwrite_option
 
 __all__ = ["quantize_cmd", "optimize_cmd"]
+
+#: One graph's result: a summary function prints one kind.
+_Result = TypeVar("_Result", QuantizeResult, OptimizeResult)
 
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-def package_summary(result: PackageResult, summary: Any) -> str:
+def package_summary(
+    result: PackageResult, summary: Callable[[QuantizeResult], str] | Callable[[OptimizeResult], str]
+) -> str:
     """Each graph's summary (``summary(result)``) under one line for the package."""
     verb = {"quantize": "Quantized", "optimize": "Optimized"}[result.kind]
     lines = [f"{verb} the {len(result.components)} graphs of {result.input_dir} -> {result.output_dir}"]
@@ -52,7 +58,7 @@ def package_summary(result: PackageResult, summary: Any) -> str:
     return "\n".join(lines)
 
 
-def _print(result: Any, fmt: str, summary: Any) -> None:
+def _print(result: _Result | PackageResult, fmt: str, summary: Callable[[_Result], str]) -> None:
     """The summary (text fitted to the terminal, or JSON), and one warning line when --eval-data found the
     quantized model poor (``advice`` in JSON)."""
     advice = quantization_advice(getattr(result, "evaluation", None), getattr(result, "config", None))
@@ -68,7 +74,7 @@ def _print(result: Any, fmt: str, summary: Any) -> None:
         click.secho(message(f"Warning: {advice}"), fg="yellow", err=True)
 
 
-def quantize_summary(result: Any) -> str:
+def quantize_summary(result: QuantizeResult) -> str:
     """Size, coverage, nodes quantized per module, evaluation and error report as text."""
     cov = result.coverage
     lines = [
@@ -318,7 +324,7 @@ _OUTPUT = click.option(
     help="Summary format.",
 )
 @overwrite_option("-o (and --node-data)")
-def quantize_cmd(model: str, output: str, preset: str | None, overwrite: bool, **opts: Any) -> int:
+def quantize_cmd(model: str, output: str, preset: str | None, overwrite: bool, **opts: OptionValue) -> int:
     """Quantize MODEL (int8, or weight-only int4/int8 with --weights); hierarchy tags, metadata and the sidecar
     are carried to the output.
 
@@ -373,7 +379,7 @@ def _fusion_lines(stats: dict[str, Any]) -> list[str]:
     return lines
 
 
-def optimize_summary(result: Any) -> str:
+def optimize_summary(result: OptimizeResult) -> str:
     lines = [
         f"Optimized {result.input_path} -> {result.output_path}",
         f"  size: {_mb(result.size_before)} -> {_mb(result.size_after)}; hierarchy tags on {result.coverage['coverage_pct']}%",
@@ -466,7 +472,9 @@ def optimize_summary(result: Any) -> str:
     help="Summary format.",
 )
 @overwrite_option("-o")
-def optimize_cmd(model: str, output: str, fmt: str, preset: str | None, overwrite: bool, **opts: Any) -> int:
+def optimize_cmd(
+    model: str, output: str, fmt: str, preset: str | None, overwrite: bool, **opts: OptionValue
+) -> int:
     """Optimize MODEL's graph; fused nodes are tagged with the common module of what they replaced.
 
     MODEL is a .onnx file or a package folder; an encoder-decoder package (three graphs) is optimized

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import click
 
 from ..runtime.session import check_providers
 
-__all__ = ["ray_engine_options", "overwrite_option", "stacked", "VALUE_CHECKS"]
+__all__ = ["Decorated", "OptionValue", "ray_engine_options", "overwrite_option", "stacked", "VALUE_CHECKS"]
+
+#: What click gives a command for one of its options: a string, number or flag, a repeatable option's tuple,
+#: or None when it was left out.
+OptionValue: TypeAlias = str | int | float | bool | tuple[str, ...] | None
+#: A command function an option decorator returns as it got it.
+Decorated = TypeVar("Decorated", bound=Callable[..., Any])
 
 
-def _providers(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+def _providers(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """``--ep``: every name known (``gpu`` -> did you mean 'cuda'?) before the command loads anything."""
     if value:
         check_providers(value)
@@ -24,7 +30,7 @@ def _providers(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
 VALUE_CHECKS: dict[str, Callable[[click.Context, click.Parameter, Any], Any]] = {"--ep": _providers}
 
 
-def overwrite_option(what: str = "-o", also: str = "") -> Callable[[Any], Any]:
+def overwrite_option(what: str = "-o", also: str = "") -> Callable[[Decorated], Decorated]:
     """``--overwrite`` of every command that writes (the one output rule, README "Where a command writes");
     ``what`` names the command's output option, ``also`` adds what it means there."""
     return click.option(
@@ -36,7 +42,7 @@ def overwrite_option(what: str = "-o", also: str = "") -> Callable[[Any], Any]:
     )
 
 
-def ray_engine_options(engine_help: str) -> Callable[[Any], Any]:
+def ray_engine_options(engine_help: str) -> Callable[[Decorated], Decorated]:
     """``--engine local|ray``, ``--num-workers``, ``--threads-per-worker``, ``--address`` (``infer --data``,
     ``evaluate``); ``engine_help`` says what each engine does for the command."""
     options = [
@@ -71,10 +77,10 @@ def ray_engine_options(engine_help: str) -> Callable[[Any], Any]:
     return stacked(options)
 
 
-def stacked(options: Sequence[Callable[[Any], Any]]) -> Callable[[Any], Any]:
+def stacked(options: Sequence[Callable[[Decorated], Decorated]]) -> Callable[[Decorated], Decorated]:
     """One decorator applying ``options`` in order (the first is listed first in ``--help``)."""
 
-    def apply(fn: Any) -> Any:
+    def apply(fn: Decorated) -> Decorated:
         for option in reversed(options):
             fn = option(fn)
         return fn

@@ -8,14 +8,14 @@ underscore spellings; dash spellings are accepted too.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
 
 import click
 
 from ..train.networks import NETWORKS
 from ..train.settings import DEFAULT_MC_PASSES, ENSEMBLES, FALSE_WORDS, TRUE_WORDS, TTT_METHODS
 from .display import columns
-from .options import overwrite_option
+from .options import Decorated, OptionValue, overwrite_option
 
 __all__ = ["pipeline_cmd"]
 
@@ -27,7 +27,7 @@ class _TTTValue(click.ParamType):
 
     name = "true|false|bn|tent|sar"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> str:
         word = str(value).strip().lower()
         if word in TRUE_WORDS | FALSE_WORDS or word in TTT_METHODS:
             return word
@@ -42,7 +42,7 @@ def _defaults(name: str) -> str:
     return ", ".join(f"{spec.defaults[name]:g} {n}" for n, spec in sorted(NETWORKS.items()))
 
 
-def _opt(name: str, **kwargs: Any) -> Any:
+def _opt(name: str, **kwargs: object) -> Callable[[Decorated], Decorated]:
     """An option spelled ``--name_with_underscores`` with the ``--name-with-dashes`` alias."""
     flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
     return click.option(*flags, name, **kwargs)
@@ -194,7 +194,7 @@ def _opt(name: str, **kwargs: Any) -> Any:
     "--output_model and --report",
     "A folder's earlier package is replaced: its recorded files this run does not write are removed.",
 )
-def pipeline_cmd(**options: Any) -> int:
+def pipeline_cmd(**options: OptionValue) -> int:
     """Train a classifier with DSPy, export it, quantize it, choose its test-time policy, and report."""
     from rich.console import Console
 

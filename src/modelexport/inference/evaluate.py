@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -21,15 +21,19 @@ from .._stages import StageLog
 from ..data import Dataset, load_dataset
 from ..errors import DatasetError, TestTimeError
 from ..onnxfile import resolve_model_path
-from ..testtime.engine import TestTimeEngine
+from ..testtime.engine import TestTimeEngine, TestTimeResult
 from ..testtime.ensemble import merge_probabilities
 from ..testtime.iterative import LOOPS, Iteration
 from ..testtime.policy import TestTimePolicy
 from ..testtime.streams import Stream, StreamOrder, stream_order
 from .feeds import check_modality, dataset_samples
-from .processors import BaseONNXProcessor, ONNXAutoProcessor
+from .processors import BaseONNXProcessor, ONNXAutoProcessor, ProcessorSources
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
+    "Batch",
     "Iteration",
     "LOOPS",
     "EvaluationResult",
@@ -43,6 +47,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: One batch as :class:`BatchMeter` runs it: raw strings (text TTA augments them before the processor) or
+#: model feeds.
+Batch: TypeAlias = "list[str] | dict[str, np.ndarray]"
 
 
 @dataclass(frozen=True)
@@ -83,7 +91,7 @@ class EvaluationResult:
         return out
 
 
-def eval_processor(kind: str, sources: Any, source: str = "the data") -> Any:
+def eval_processor(kind: str, sources: ProcessorSources, source: str = "the data") -> BaseONNXProcessor:
     """What turns a batch into feeds at run time: the tokenizer for raw texts (so text TTA can augment the
     strings first; a model that reads no texts is a DatasetError naming ``source``), a pass-through for feeds
     the dataset already built."""
@@ -92,7 +100,9 @@ def eval_processor(kind: str, sources: Any, source: str = "the data") -> Any:
     return BaseONNXProcessor(sources.inputs)
 
 
-def prepare_batches(dataset: Dataset, sources: Any, batch_size: int) -> list[tuple[Any, np.ndarray]]:
+def prepare_batches(
+    dataset: Dataset, sources: ProcessorSources, batch_size: int
+) -> list[tuple[Batch, np.ndarray]]:
     """(batch of model feeds -- raw strings for text -- and its class ids) per ``batch_size`` examples.
 
     Labels are the model's class ids (word labels through its ``id2label``); feeds come from the one
@@ -135,7 +145,7 @@ class BatchMeter:
     def __init__(
         self,
         engine: TestTimeEngine,
-        processor: Any,
+        processor: BaseONNXProcessor,
         num_classes: int | None,
         members: Sequence[TestTimeEngine] = (),
         iteration: Iteration | None = None,
@@ -148,7 +158,9 @@ class BatchMeter:
         self.stream: Stream | None = None
         self.member_streams: list[Stream] = []
 
-    def _one(self, item: Any, stream: Stream, engine: TestTimeEngine | None = None) -> Any:
+    def _one(
+        self, item: Batch, stream: Stream, engine: TestTimeEngine | None = None
+    ) -> TestTimeResult | np.ndarray:
         engine = engine or self.engine
         if isinstance(item, list):  # texts: TTA augments the strings, then tokenizes
             if engine.policy.tta_transforms:
@@ -158,7 +170,7 @@ class BatchMeter:
             return self.iteration.run(engine, _select(item, engine), stream)
         return engine.run(_select(item, engine), stream)
 
-    def _all(self, item: Any) -> Any:
+    def _all(self, item: Batch) -> TestTimeResult | np.ndarray:
         """The model's result; with an ensemble, its probabilities merged with every member's."""
         assert self.stream is not None
         result = self._one(item, self.stream)
@@ -174,7 +186,7 @@ class BatchMeter:
         result.probs = merged
         return result
 
-    def measure(self, item: Any, labels: np.ndarray) -> BatchMeasure:
+    def measure(self, item: Batch, labels: np.ndarray) -> BatchMeasure:
         if self.stream is None:
             for engine in (self.engine, *self.members):
                 self._one(item, engine.new_stream(), engine)  # warm-up (session allocation)
@@ -235,7 +247,7 @@ def _select(feeds: dict[str, np.ndarray], engine: TestTimeEngine) -> dict[str, n
     return {k: v for k, v in feeds.items() if k in names}
 
 
-def ordered(data: Any, order: StreamOrder) -> Dataset:
+def ordered(data: str | os.PathLike[str] | Dataset, order: StreamOrder) -> Dataset:
     """``data`` (a path, spec or Dataset) loaded, its examples in the stream ``order``."""
     dataset = data if isinstance(data, Dataset) else load_dataset(str(data))
     if order.kind == "as-is":
@@ -247,12 +259,12 @@ def ordered(data: Any, order: StreamOrder) -> Dataset:
 
 def evaluate(
     model: str | os.PathLike[str],
-    data: Any,
+    data: str | os.PathLike[str] | Dataset,
     policy: TestTimePolicy | None = None,
     batch_size: int = 64,
     baseline: bool = False,
     providers: list[str] | tuple[str, ...] | None = None,
-    torch_model: Any = None,
+    torch_model: torch.nn.Module | None = None,
     order: str | StreamOrder = "as-is",
     stream: bool = False,
     ensemble: Sequence[str | os.PathLike[str]] = (),

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..metadata.schema import KEY_INPUTS, KEY_OUTPUTS
 from ..onnxfile import load_onnx
 from ..runtime.types import ORT_TO_NUMPY as _ORT_TYPES
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession, NodeArg
 
 __all__ = ["GraphInput", "graph_inputs", "graph_outputs", "fixed_dim"]
 
@@ -35,7 +38,8 @@ class GraphInput:
         return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
 
 
-def fixed_dim(value: Any) -> int | None:
+def fixed_dim(value: object) -> int | None:
+    """A dim of ONNX Runtime or the metadata as an int when fixed; None when symbolic, unknown or not a size."""
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
@@ -46,7 +50,7 @@ def _from_meta(entries: list[dict[str, Any]]) -> list[GraphInput]:
     ]
 
 
-def _from_session(items: list[Any]) -> list[GraphInput]:
+def _from_session(items: list[NodeArg]) -> list[GraphInput]:
     return [
         GraphInput(i.name, tuple(fixed_dim(d) for d in i.shape or []), _ORT_TYPES.get(i.type, "float32"))
         for i in items
@@ -70,7 +74,9 @@ def _from_onnx(path: Path, outputs: bool) -> list[GraphInput]:
     return result
 
 
-def graph_inputs(source: Any, metadata: dict[str, Any] | None = None) -> list[GraphInput]:
+def graph_inputs(
+    source: InferenceSession | str | os.PathLike[str], metadata: dict[str, Any] | None = None
+) -> list[GraphInput]:
     """Inputs from a session, the metadata (no graph parse) or the ONNX file."""
     if hasattr(source, "get_inputs"):
         return _from_session(source.get_inputs())
@@ -79,7 +85,9 @@ def graph_inputs(source: Any, metadata: dict[str, Any] | None = None) -> list[Gr
     return _from_onnx(Path(os.fspath(source)), outputs=False)
 
 
-def graph_outputs(source: Any, metadata: dict[str, Any] | None = None) -> list[GraphInput]:
+def graph_outputs(
+    source: InferenceSession | str | os.PathLike[str], metadata: dict[str, Any] | None = None
+) -> list[GraphInput]:
     if hasattr(source, "get_outputs"):
         return _from_session(source.get_outputs())
     if metadata and metadata.get(KEY_OUTPUTS):

@@ -21,11 +21,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InferenceError, MetadataError
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
+    from transformers import ProcessorMixin
 
 __all__ = [
     "POSITION_SCHEMES",
@@ -46,7 +50,7 @@ Feeds = dict[str, np.ndarray]
 
 
 # ------------------------------------------------------------------------------------------------ prompts
-def build_prompt(processor: Any, text: str, images: int = 1) -> str:
+def build_prompt(processor: ProcessorMixin, text: str, images: int = 1) -> str:
     """The prompt for ``text`` about ``images`` images: the chat template's user turn and generation prompt when
     the processor has a template, else the processor's image placeholder before the text (processors that
     insert the placeholder themselves add none when the text already holds it)."""
@@ -58,7 +62,7 @@ def build_prompt(processor: Any, text: str, images: int = 1) -> str:
     return text if token and token in text else token * images + text
 
 
-def synthetic_image(height: int, width: int, seed: int = 0) -> Any:
+def synthetic_image(height: int, width: int, seed: int = 0) -> PILImage:
     """A PIL image: a smooth colour gradient with noise, the same on every machine (example inputs of exports,
     profiles and tests, where no photo is given)."""
     from PIL import Image

@@ -13,11 +13,15 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._config import split_names, unknown_choice
 from ..errors import ConfigError, OnnxFileError, ProviderError, first_line
 from ..onnxfile import load_onnx, resolve_model_path
+
+if TYPE_CHECKING:
+    import onnx
+    import onnxruntime
 
 __all__ = [
     "GRAPH_LEVELS",
@@ -243,7 +247,7 @@ class SessionInfo:
         }
 
 
-def _session_options(cfg: SessionConfig) -> Any:
+def _session_options(cfg: SessionConfig) -> onnxruntime.SessionOptions:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -290,11 +294,14 @@ def load_reason(error: str) -> str:
 
 
 def create_session(
-    model: str | os.PathLike[str] | bytes | Any, config: SessionConfig | None = None, **overrides: Any
-):
+    model: str | os.PathLike[str] | bytes | onnx.ModelProto,
+    config: SessionConfig | None = None,
+    **overrides: object,
+) -> tuple[onnxruntime.InferenceSession, SessionInfo]:
     """Create an ``onnxruntime.InferenceSession`` with provider fallback.
 
-    ``model`` is a path, serialized bytes or an ``onnx.ModelProto``. Returns ``(session, SessionInfo)``.
+    ``model`` is a path, serialized bytes or an ``onnx.ModelProto``; ``overrides`` are :class:`SessionConfig`
+    fields replacing ``config``'s. Returns ``(session, SessionInfo)``.
     Each provider is tried in order; its error is kept and the next is tried; CPU comes last.
     """
     import onnxruntime as ort

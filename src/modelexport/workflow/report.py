@@ -7,11 +7,16 @@ scripts can rely on them; the console table shows the same numbers.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from ..data import Dataset
+    from ..train.policy_search import PolicyTrial
+    from .config import PipelineConfig
 
 __all__ = [
     "REPORT_KEYS",
@@ -68,7 +73,7 @@ def check_report(report: dict[str, Any]) -> dict[str, Any]:
     return report
 
 
-def majority_rate(val: Any) -> float:
+def majority_rate(val: Dataset) -> float:
     """The share of the most frequent class in the validation set: what always guessing it scores."""
     labels = np.asarray(val.labels)
     return float(np.bincount(labels).max() / len(labels)) if len(labels) else 0.0
@@ -84,7 +89,12 @@ def majority_warning(training: dict[str, Any]) -> str:
 
 
 def policy_settings(
-    cfg: Any, best: Any, plain: Any, trials: list[Any], searched: bool, notes: list[str] | None = None
+    cfg: PipelineConfig,
+    best: PolicyTrial,
+    plain: PolicyTrial,
+    trials: list[PolicyTrial],
+    searched: bool,
+    notes: list[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each test-time setting's value and where it came from: ``set by user``, ``chosen by search: why``, or
     the model type's default (the search off, or a value the search does not vary)."""
@@ -147,7 +157,7 @@ _HAS.update(
 _LABEL = {"tta": "tta[", "ttt": ("bn", "tent", "sar"), "mc_dropout": "mc_dropout", "ensemble": "ensemble["}
 
 
-def _why_off(name: str, trials: list[Any], best: Any, notes: list[str]) -> str:
+def _why_off(name: str, trials: list[PolicyTrial], best: PolicyTrial, notes: list[str]) -> str:
     """Why the search left a setting off: its best candidate and what beat it, or why none ran."""
     tried = [t for t in trials if _HAS[name](t.policy, t.ensemble)]
     if not tried:
@@ -171,7 +181,7 @@ def _why_off(name: str, trials: list[Any], best: Any, notes: list[str]) -> str:
     return f"off, its best candidate scored {top.accuracy:.4f}: {reason}"
 
 
-def format_value(value: Any) -> str:
+def format_value(value: object) -> str:
     """Numbers as people read them: accuracies with 4 digits, sizes with units, None as a dash."""
     if value is None:
         return "-"

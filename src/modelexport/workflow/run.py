@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -29,6 +29,8 @@ from ..testtime.policy import TestTimePolicy
 from ..train.networks import NETWORKS, Network, build_network
 from ..train.policy_search import (
     DEFAULT_TTA_SETS,
+    PolicySearchSpace,
+    PolicyTrial,
     TestTimePolicyOptimizer,
     describe_policy,
     measure_policy,
@@ -46,6 +48,11 @@ from .report import (
     report_table,
 )
 from .steps import export_network, latency_stats, load_pipeline_data, network_options, output_plans
+
+if TYPE_CHECKING:
+    import dspy
+
+    from ..export.api import ExportResult
 
 __all__ = ["PipelineRun", "run_pipeline"]
 
@@ -201,7 +208,7 @@ class PipelineRun:
             )
         return program
 
-    def _export(self, network: Network, staging: Path) -> Any:
+    def _export(self, network: Network, staging: Path) -> ExportResult:
         self.say("export", "hierarchy-tagged ONNX with metadata (labels, pre-processing), parity-checked")
         result = export_network(
             network,
@@ -325,7 +332,7 @@ class PipelineRun:
             "settings": settings,
         }
 
-    def _decided(self, space: Any) -> bool:
+    def _decided(self, space: PolicySearchSpace) -> bool:
         """Whether the user's options leave the search nothing to decide."""
         cfg = self.cfg
         tta = cfg.tta is False or (
@@ -334,7 +341,9 @@ class PipelineRun:
         ttt = cfg.ttt is False or (cfg.ttt is True and cfg.ttt_iterations is not None)
         return tta and ttt and cfg.mc_dropout is not None and cfg.ensemble is not None
 
-    def _fixed_policy(self, program: ClassifierProgram, space: Any) -> tuple[TestTimePolicy, tuple[str, ...]]:
+    def _fixed_policy(
+        self, program: ClassifierProgram, space: PolicySearchSpace
+    ) -> tuple[TestTimePolicy, tuple[str, ...]]:
         """The policy the options name; what they leave open takes the model type's default (no search)."""
         cfg = self.cfg
         modality = program.backend.engine.modality  # type: ignore[union-attr]
@@ -351,8 +360,12 @@ class PipelineRun:
         return policy, space.ensemble if cfg.ensemble == "int8" else ()
 
     def _measure_policy(
-        self, program: ClassifierProgram, policy: Any, examples: list[Any], members: tuple[str, ...] = ()
-    ) -> Any:
+        self,
+        program: ClassifierProgram,
+        policy: TestTimePolicy,
+        examples: list[dspy.Example],
+        members: tuple[str, ...] = (),
+    ) -> PolicyTrial:
         program.deploy(program.backend.model_path, self.cfg.ep, policy, ensemble=members)  # type: ignore[union-attr]
         return measure_policy(program, policy, examples)
 
@@ -390,7 +403,7 @@ class PipelineRun:
     def _report(
         self,
         program: ClassifierProgram,
-        export_result: Any,
+        export_result: ExportResult,
         fp32: Path,
         quant: dict[str, Any],
         test_time: dict[str, Any],
@@ -440,7 +453,7 @@ def run_pipeline(
     *,
     dataset: Dataset | None = None,
     console: Console | None = None,
-    **options: Any,
+    **options: object,
 ) -> PipelineResult:
     """Run every stage; ``options`` are :class:`PipelineConfig` fields, ``dataset`` overrides ``dataset_path``."""
     cfg = config if config is not None else PipelineConfig(**options)

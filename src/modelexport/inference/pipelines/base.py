@@ -8,9 +8,10 @@ and the transformers pipeline argument its processor plays (``tokenizer``, ``ima
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -18,13 +19,16 @@ from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError
 from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
 from ...onnxfile import resolve_model_path
-from ...runtime.session import SessionConfig
+from ...runtime.session import SessionConfig, SessionInfo
 from ...testtime.engine import TestTimeEngine
 from ...testtime.ensemble import merge_probabilities
 from ...testtime.iterative import Iteration
 from ...testtime.policy import TestTimePolicy
 from ...testtime.streams import Stream
 from ..processors import BaseONNXProcessor
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
 
 __all__ = ["ONNXPipeline", "PIPELINES", "register_pipeline", "sigmoid"]
 
@@ -60,11 +64,11 @@ class ONNXPipeline:
 
     def __init__(
         self,
-        session: Any,
+        session: InferenceSession,
         processor: BaseONNXProcessor,
         *,
         metadata: dict[str, Any],
-        session_info: Any = None,
+        session_info: SessionInfo | None = None,
         model_path: Path | None = None,
         batch_size: int = 1,
         test_time_policy: TestTimePolicy | dict[str, Any] | bool | None = None,
@@ -115,7 +119,7 @@ class ONNXPipeline:
         policy = raw if isinstance(raw, TestTimePolicy) else TestTimePolicy.from_dict(dict(raw))
         return None if policy.is_plain else policy
 
-    def _stored_ensemble(self, given: Any) -> list[Path]:
+    def _stored_ensemble(self, given: TestTimePolicy | dict[str, Any] | bool | None) -> list[Path]:
         """The ensemble the metadata names (files beside the model), unless test-time compute is off."""
         stored = self.metadata.get(KEY_TEST_TIME_ENSEMBLE)
         if given is False or not stored or self.model_path is None:
@@ -131,7 +135,9 @@ class ONNXPipeline:
             ]
         return self._members
 
-    def configure_test_time(self, ensemble: Sequence[Any] = (), iteration: Iteration | None = None) -> None:
+    def configure_test_time(
+        self, ensemble: Sequence[str | os.PathLike[str]] = (), iteration: Iteration | None = None
+    ) -> None:
         """An ensemble (other models, e.g. the int8 twin, each under this pipeline's policy, their
         probabilities averaged with this model's) and iterative inference of each batch (a plain policy)."""
         if iteration is not None and self.policy is not None:
@@ -196,14 +202,16 @@ class ONNXPipeline:
         for start in range(0, len(items), size):
             yield items[start : start + size]
 
-    def normalize(self, inputs: Any, kwargs: dict[str, Any]) -> tuple[list[Any], bool]:
-        """(items, whether one input was given)."""
+    def normalize(self, inputs: object, kwargs: dict[str, Any]) -> tuple[list[Any], bool]:
+        """(items, whether one input was given); a task may take its inputs from ``kwargs`` (and pop them)."""
         if inputs is None:
             raise InferenceError(f"{self.task} pipeline called without inputs")
         single = not isinstance(inputs, (list, tuple))
         return ([inputs] if single else list(inputs)), single
 
-    def __call__(self, inputs: Any = None, *, batch_size: int | None = None, **kwargs: Any) -> Any:
+    def __call__(self, inputs: object = None, *, batch_size: int | None = None, **kwargs: object) -> Any:
+        """The task's output for one input (a text, an image...) or a list of them; ``kwargs`` are the task's
+        options (``top_k``, ``max_new_tokens``...), given to :meth:`run_batch` and :meth:`format`."""
         items, single = self.normalize(inputs, kwargs)
         if not items:
             return []
@@ -212,6 +220,8 @@ class ONNXPipeline:
             results.extend(self.run_batch(batch, **kwargs))
         return self.format(results, single, **kwargs)
 
+    # format, run_batch and run_feeds take ``**kwargs: Any``: each task's override names its own options with
+    # their types (``top_k: int | None``...), which a base typed ``object`` would forbid.
     def format(self, results: list[Any], single: bool, **kwargs: Any) -> Any:
         return results[0] if single else results
 
@@ -230,7 +240,7 @@ class ONNXPipeline:
         )
 
     def from_feeds(
-        self, feeds: dict[str, np.ndarray], *, batch_size: int | None = None, **kwargs: Any
+        self, feeds: dict[str, np.ndarray], *, batch_size: int | None = None, **kwargs: object
     ) -> list[Any]:
         """Outputs for model-ready feeds (rows on axis 0, e.g. a ``.npz``), ``batch_size`` rows at a time."""
         n = len(next(iter(feeds.values())))

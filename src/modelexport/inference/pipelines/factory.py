@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from ..._stages import StageLog
@@ -13,7 +14,9 @@ from ...metadata.store import read_metadata
 from ...metadata.tasks import normalize_task
 from ...onnxfile import resolve_model_path
 from ...runtime.session import SessionConfig, create_session
+from ...testtime.policy import TestTimePolicy
 from ..processors import ONNXAutoProcessor
+from ..processors.auto import DataProcessor
 from .base import PIPELINES, ONNXPipeline
 
 __all__ = ["pipeline", "create_pipeline", "resolve_task", "PROCESSOR_ARGS"]
@@ -23,7 +26,7 @@ PROCESSOR_ARGS = ("tokenizer", "image_processor", "feature_extractor", "processo
 log = logging.getLogger(__name__)
 
 
-def resolve_task(task: str | None, metadata: dict[str, Any], model: Any) -> str:
+def resolve_task(task: str | None, metadata: dict[str, Any], model: str | os.PathLike[str]) -> str:
     """The given task, else the embedded one; a clear error when neither exists or no pipeline serves it."""
     if task:
         name = normalize_task(task)
@@ -41,7 +44,9 @@ def resolve_task(task: str | None, metadata: dict[str, Any], model: Any) -> str:
     return name
 
 
-def _session_config(providers: Any, session_config: SessionConfig | None) -> SessionConfig:
+def _session_config(
+    providers: str | Sequence[str] | None, session_config: SessionConfig | None
+) -> SessionConfig:
     cfg = session_config or SessionConfig()
     if providers:  # "cuda,cpu" or a list; SessionConfig splits and validates
         cfg = SessionConfig(**{**cfg.__dict__, "providers": providers})
@@ -51,13 +56,13 @@ def _session_config(providers: Any, session_config: SessionConfig | None) -> Ses
 def pipeline(
     task: str | None = None,
     model: str | os.PathLike[str] | None = None,
-    data_processor: Any = None,
-    providers: Any = None,
+    data_processor: DataProcessor | None = None,
+    providers: str | Sequence[str] | None = None,
     *,
     batch_size: int = 1,
     session_config: SessionConfig | None = None,
-    test_time_policy: Any = None,
-    **kwargs: Any,
+    test_time_policy: TestTimePolicy | dict[str, Any] | bool | None = None,
+    **kwargs: DataProcessor | None,
 ) -> ONNXPipeline:
     """A task pipeline for an exported model; task and processor come from the embedded metadata when not given.
 
@@ -105,7 +110,10 @@ def pipeline(
 
 
 def create_pipeline(
-    task: str | None, model: str | os.PathLike[str], data_processor: Any = None, **kwargs: Any
+    task: str | None,
+    model: str | os.PathLike[str],
+    data_processor: DataProcessor | None = None,
+    **kwargs: object,
 ) -> ONNXPipeline:
     """Like :func:`pipeline`, routing ``data_processor`` to the argument the task's pipeline expects."""
     if data_processor is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -20,7 +20,12 @@ from ..._io import read_json_object
 from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError, MetadataError
 from ...metadata.schema import KEY_GENERATION
+from ..processors import BaseONNXProcessor
+from ..processors.text import Tokenizer
 from .base import ONNXPipeline, register_pipeline
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession, NodeArg, OrtValue
 
 __all__ = [
     "GenerationSettings",
@@ -122,7 +127,7 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def device_of(session: Any) -> str:
+def device_of(session: InferenceSession) -> str:
     """Where a session's outputs live: the cache stays there between steps."""
     providers = session.get_providers()
     return "cuda" if providers and providers[0] == _CUDA else "cpu"
@@ -131,7 +136,7 @@ def device_of(session: Any) -> str:
 class _Cache:
     """The graph's cache inputs/outputs and the OrtValues carried between steps."""
 
-    def __init__(self, session: Any, record: dict[str, Any]) -> None:
+    def __init__(self, session: InferenceSession, record: dict[str, Any]) -> None:
         import onnxruntime as ort
 
         self.ort = ort
@@ -148,13 +153,13 @@ class _Cache:
         self.dtype = np.dtype(layout.get("dtype", "float32"))
         self.device = device_of(session)
 
-    def _dim(self, inputs: dict[str, Any], axis: int) -> int:
+    def _dim(self, inputs: dict[str, NodeArg], axis: int) -> int:
         value = inputs[self.in_names[0]].shape[axis]
         if not isinstance(value, int):
             raise InferenceError(f"cache input {self.in_names[0]!r} has no fixed size on axis {axis}")
         return value
 
-    def empty(self, batch: int) -> list[Any]:
+    def empty(self, batch: int) -> list[OrtValue]:
         """Zero-length past for the first step."""
         return [
             self.ort.OrtValue.ortvalue_from_numpy(
@@ -172,13 +177,13 @@ def _failed(feeds: dict[str, np.ndarray], exc: Exception) -> InferenceError:
 
 
 def run_bound(
-    session: Any,
+    session: InferenceSession,
     feeds: dict[str, np.ndarray],
-    values: dict[str, Any],
+    values: dict[str, OrtValue],
     cache_outputs: list[str],
     device: str = "cpu",
     logits: np.ndarray | None = None,
-) -> tuple[np.ndarray, list[Any]]:
+) -> tuple[np.ndarray, list[OrtValue]]:
     """One step through IO binding: numpy ``feeds`` and OrtValue ``values`` (a cache, encoder states) in;
     the first output's last position to numpy, the ``cache_outputs`` kept as OrtValues on ``device``.
 
@@ -215,7 +220,8 @@ class TextGenerationPipeline(ONNXPipeline):
     #: Defaults of transformers' pipeline for this task where the model's generation config sets none.
     pipeline_defaults: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
+    def __init__(self, session: InferenceSession, processor: BaseONNXProcessor, **kwargs: object) -> None:
+        """``kwargs``: :class:`ONNXPipeline`'s (metadata, model_path, batch_size...)."""
         super().__init__(session, processor, **kwargs)
         # the processor's tokenizer encodes and decodes: FastTokenizer (the tokenizers library alone: no
         # transformers or torch import, a start in a fraction of a second) where the folder allows it
@@ -228,14 +234,14 @@ class TextGenerationPipeline(ONNXPipeline):
         self.input_names = names
         self.vocab = self._bound_vocab(session)
 
-    def _bound_vocab(self, session: Any) -> int | None:
+    def _bound_vocab(self, session: InferenceSession) -> int | None:
         """The logits' last size when ONNX Runtime can write them into an array of ours (float32, fixed)."""
         out = session.get_outputs()[0]
         size = out.shape[-1] if out.shape else None
         return size if out.type == "tensor(float)" and isinstance(size, int) and len(out.shape) == 3 else None
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         """The tokenizer that encodes prompts and decodes the generated ids (``FastTokenizer`` or transformers')."""
         return self.processor.tokenizer
 
@@ -255,7 +261,7 @@ class TextGenerationPipeline(ONNXPipeline):
             return dict(self.record["generation_config"])
         return {k: self.model_config.get(k) for k in ("eos_token_id", "pad_token_id", "bos_token_id")}
 
-    def settings(self, **kwargs: Any) -> GenerationSettings:
+    def settings(self, **kwargs: object) -> GenerationSettings:
         """The call's options over the generation config's, over the pipeline's defaults (as transformers'
         pipelines: a model config left at transformers' default takes the pipeline's value)."""
         given = {k: v for k, v in kwargs.items() if v is not None}
@@ -318,7 +324,9 @@ class TextGenerationPipeline(ONNXPipeline):
             feeds["position_ids"] = np.ascontiguousarray(position_ids(mask)[:, -new:])
         return feeds
 
-    def _run(self, feeds: dict[str, np.ndarray], past: list[Any] | None) -> tuple[np.ndarray, list[Any]]:
+    def _run(
+        self, feeds: dict[str, np.ndarray], past: list[OrtValue] | None
+    ) -> tuple[np.ndarray, list[OrtValue]]:
         """One forward pass; returns the last position's logits and the new cache OrtValues."""
         if self.cache is None:
             try:
@@ -332,7 +340,10 @@ class TextGenerationPipeline(ONNXPipeline):
         return run_bound(self.session, feeds, bound, self.cache.out_names, self.cache.device, logits)
 
     # --------------------------------------------------------------------- decoding steps (subclasses)
-    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: Any) -> Any:
+    # The decoding state is each subclass's own (here the cache OrtValues, None without a cache; an
+    # encoder-decoder's holds its encoder states too): generate() only hands it from one step to the next, so
+    # these three hooks type it Any and each override names its own.
+    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None) -> Any:
         """The state before the first step (here: an empty past); ``context`` is what generate() was given."""
         return self.cache.empty(len(ids)) if self.cache else None
 
@@ -355,7 +366,7 @@ class TextGenerationPipeline(ONNXPipeline):
         attention_mask: np.ndarray,
         settings: GenerationSettings,
         streamer: Callable[[np.ndarray], None] | None = None,
-        context: Any = None,
+        context: dict[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         """Token ids (prompt + new tokens) for left-padded ``input_ids``; ``streamer`` gets each step's tokens.
 
@@ -418,7 +429,11 @@ class TextGenerationPipeline(ONNXPipeline):
         return rows, tokens
 
     def _beam_search(
-        self, input_ids: np.ndarray, attention_mask: np.ndarray, s: GenerationSettings, context: Any = None
+        self,
+        input_ids: np.ndarray,
+        attention_mask: np.ndarray,
+        s: GenerationSettings,
+        context: dict[str, np.ndarray] | None = None,
     ) -> np.ndarray:
         """Beam search with transformers' length-normalised scores; the cache rows follow their beams."""
         beams, batch, length = s.num_beams, len(input_ids), input_ids.shape[1]
@@ -469,7 +484,7 @@ class TextGenerationPipeline(ONNXPipeline):
         items: list[Any],
         return_full_text: bool = True,
         streamer: Callable[[str], None] | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Any]:
         settings = self.settings(**kwargs)
         texts = [str(t) for t in items]

@@ -19,16 +19,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from ...errors import ConfigError, MetadataError
 from ...onnxfile import package_components
 from ...runtime.session import create_session
-from ..processors.text import load_tokenizer
+from ..processors import BaseONNXProcessor
+from ..processors.text import Tokenizer, load_tokenizer
 from .base import register_pipeline
 from .generation import GenerationSettings, TextGenerationPipeline, device_of, run_bound
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession, OrtValue
 
 __all__ = ["SPEECH_DECODER_TASKS", "Text2TextGenerationPipeline", "SpeechRecognitionPipeline"]
 
@@ -39,7 +44,7 @@ SPEECH_DECODER_TASKS = ("transcribe", "translate")
 _ENCODER_STATES = ("encoder_hidden_states", "encoder_attention_mask")
 
 
-def _ort() -> Any:
+def _ort() -> ModuleType:
     import onnxruntime
 
     return onnxruntime
@@ -49,14 +54,15 @@ def _ort() -> Any:
 class _State:
     """What a decoder step binds besides its new token: encoder states and the cache, as OrtValues."""
 
-    encoder: dict[str, Any]
-    past: dict[str, Any] = field(default_factory=dict)  # "{layer}.{decoder|encoder}.{key|value}" -> value
+    encoder: dict[str, OrtValue]
+    #: "{layer}.{decoder|encoder}.{key|value}" -> value
+    past: dict[str, OrtValue] = field(default_factory=dict)
 
 
 class _EncoderDecoder(TextGenerationPipeline):
     """The steps of an encoder-decoder package; the pipeline's session is its encoder (the package's entry)."""
 
-    def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
+    def __init__(self, session: InferenceSession, processor: BaseONNXProcessor, **kwargs: object) -> None:
         super().__init__(session, processor, **kwargs)
         folder = self.model_path.parent if self.model_path else None
         graphs = package_components(folder, self.model_path) if folder else {}  # the encoder's own set
@@ -85,7 +91,7 @@ class _EncoderDecoder(TextGenerationPipeline):
         return True
 
     # ---------------------------------------------------------------------------------------- steps
-    def _encode(self, feeds: dict[str, np.ndarray], rows: int) -> dict[str, Any]:
+    def _encode(self, feeds: dict[str, np.ndarray], rows: int) -> dict[str, OrtValue]:
         """Run the encoder; its output and mask as OrtValues, each row repeated for its beams."""
         ort = _ort()
         hidden = self.session.run(None, feeds)[0]
@@ -97,7 +103,8 @@ class _EncoderDecoder(TextGenerationPipeline):
             if value is not None
         }
 
-    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: Any) -> _State:
+    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None) -> _State:
+        """``context``: the encoder's feeds (:meth:`generate_from` always gives them)."""
         return _State(self._encode(context, len(ids)))
 
     def _advance(
@@ -194,7 +201,7 @@ class _EncoderDecoder(TextGenerationPipeline):
             self.start_id,
             *(self._forced_tokens() if language is None and task is None else []),
         ]
-        langs: Any = None
+        langs: list[int] | None = None
         if language is not None:
             langs = [self._language_id(language)] * batch
         elif g.get("lang_to_id") and (len(head) <= 1 or head[1] is None):
@@ -228,7 +235,9 @@ class _EncoderDecoder(TextGenerationPipeline):
         start = self.decoder_prompt(encoder_feeds, batch, language, task)
         return self.generate(start, np.ones_like(start), settings, streamer, context=encoder_feeds)
 
-    def _decoded(self, items: list[Any], streamer: Callable[[str], None] | None, **kwargs: Any) -> list[str]:
+    def _decoded(
+        self, items: list[Any], streamer: Callable[[str], None] | None, **kwargs: object
+    ) -> list[str]:
         options = {**(kwargs.pop("generate_kwargs", None) or {}), **kwargs}
         if options.pop("return_timestamps", False):
             raise ConfigError(
@@ -250,11 +259,11 @@ class Text2TextGenerationPipeline(_EncoderDecoder):
 
     pipeline_defaults: ClassVar[dict[str, Any]] = {"num_beams": 4, "max_new_tokens": 256}
 
-    def format(self, results: list[Any], single: bool, **kwargs: Any) -> Any:
+    def format(self, results: list[Any], single: bool, **kwargs: object) -> Any:
         return results[0] if single else [r[0] for r in results]
 
     def run_batch(
-        self, items: list[Any], streamer: Callable[[str], None] | None = None, **kwargs: Any
+        self, items: list[Any], streamer: Callable[[str], None] | None = None, **kwargs: object
     ) -> list[Any]:
         return [[{"generated_text": t}] for t in self._decoded([str(i) for i in items], streamer, **kwargs)]
 
@@ -268,18 +277,18 @@ class SpeechRecognitionPipeline(_EncoderDecoder):
     processor_arg = "feature_extractor"
     pipeline_defaults: ClassVar[dict[str, Any]] = {"max_new_tokens": 256}
 
-    def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
+    def __init__(self, session: InferenceSession, processor: BaseONNXProcessor, **kwargs: object) -> None:
         super().__init__(session, processor, **kwargs)
-        self._tokenizer = load_tokenizer(self.model_path.parent if self.model_path else None)
+        self._tokenizer: Tokenizer = load_tokenizer(self.model_path.parent if self.model_path else None)
         full = getattr(self._tokenizer, "full", None)
         if callable(full):
             self._tokenizer = full()
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         return self._tokenizer
 
     def run_batch(
-        self, items: list[Any], streamer: Callable[[str], None] | None = None, **kwargs: Any
+        self, items: list[Any], streamer: Callable[[str], None] | None = None, **kwargs: object
     ) -> list[Any]:
         return [{"text": t} for t in self._decoded(items, streamer, **kwargs)]

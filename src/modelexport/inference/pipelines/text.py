@@ -10,6 +10,7 @@ from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError
 from ...metadata.schema import KEY_EMBEDDING
 from ...testtime.ensemble import merge_probabilities
+from ..processors.text import TokenizedBatch
 from .base import ClassificationMixin, ONNXPipeline, register_pipeline
 
 __all__ = [
@@ -19,7 +20,12 @@ __all__ = [
     "QuestionAnsweringPipeline",
 ]
 
-_LEGACY = object()
+
+class _Legacy:
+    """``top_k`` not given: transformers' legacy output (the best label alone; a list of one for one input)."""
+
+
+_LEGACY = _Legacy()
 
 
 @register_pipeline("feature-extraction")
@@ -41,7 +47,11 @@ class FeatureExtractionPipeline(ONNXPipeline):
         return name
 
     def run_batch(
-        self, items: list[Any], return_tensors: bool = False, output_value: str | None = None, **kwargs: Any
+        self,
+        items: list[Any],
+        return_tensors: bool = False,
+        output_value: str | None = None,
+        **kwargs: object,
     ) -> list[Any]:
         feeds = self.processor(**{self.processor.modality: items})
         return self.run_feeds(feeds, return_tensors, output_value)
@@ -51,7 +61,7 @@ class FeatureExtractionPipeline(ONNXPipeline):
         feeds: dict[str, np.ndarray],
         return_tensors: bool = False,
         output_value: str | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Any]:
         name = self._output(output_value)
         first = self.forward(feeds)[name]
@@ -80,25 +90,31 @@ class TextClassificationPipeline(ClassificationMixin, ONNXPipeline):
         return self.feed_probabilities(self.processor(texts=items), function_to_apply)
 
     def run_batch(
-        self, items: list[Any], top_k: Any = _LEGACY, function_to_apply: str | None = None, **kwargs: Any
+        self,
+        items: list[Any],
+        top_k: int | None | _Legacy = _LEGACY,
+        function_to_apply: str | None = None,
+        **kwargs: object,
     ) -> list[Any]:
         return self._rank(self.probabilities([str(t) for t in items], function_to_apply), top_k)
 
     def run_feeds(
         self,
         feeds: dict[str, np.ndarray],
-        top_k: Any = _LEGACY,
+        top_k: int | None | _Legacy = _LEGACY,
         function_to_apply: str | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Any]:
         return self._rank(self.feed_probabilities(feeds, function_to_apply), top_k)
 
-    def _rank(self, probs: np.ndarray, top_k: Any) -> list[Any]:
+    def _rank(self, probs: np.ndarray, top_k: int | None | _Legacy) -> list[Any]:
         if top_k is _LEGACY:
             return [self.ranked(row, 1)[0] for row in probs]
         return [self.ranked(row, top_k) for row in probs]
 
-    def format(self, results: list[Any], single: bool, top_k: Any = _LEGACY, **kwargs: Any) -> Any:
+    def format(
+        self, results: list[Any], single: bool, top_k: int | None | _Legacy = _LEGACY, **kwargs: object
+    ) -> Any:
         if single:
             return [results[0]] if top_k is _LEGACY else results[0]
         return results
@@ -118,7 +134,7 @@ class TokenClassificationPipeline(ONNXPipeline):
 
     STRATEGIES = ("none", "simple")
 
-    def _tokens(self, enc: Any, probs: np.ndarray, i: int, text: str) -> list[dict[str, Any]]:
+    def _tokens(self, enc: TokenizedBatch, probs: np.ndarray, i: int, text: str) -> list[dict[str, Any]]:
         tokenizer, entities = self.processor.tokenizer, []
         for j, token_id in enumerate(enc["input_ids"][i]):
             if enc["special_tokens_mask"][i][j] or not enc["attention_mask"][i][j]:
@@ -164,7 +180,7 @@ class TokenClassificationPipeline(ONNXPipeline):
         items: list[Any],
         aggregation_strategy: str = "none",
         ignore_labels: tuple[str, ...] = ("O",),
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Any]:
         strategy = str(getattr(aggregation_strategy, "value", aggregation_strategy)).lower()
         if strategy not in self.STRATEGIES:
@@ -208,7 +224,7 @@ def best_span(
 class QuestionAnsweringPipeline(ONNXPipeline):
     """``{'score', 'start', 'end', 'answer'}`` per (question, context), with transformers' span decoding."""
 
-    def normalize(self, inputs: Any, kwargs: dict[str, Any]) -> tuple[list[Any], bool]:
+    def normalize(self, inputs: object, kwargs: dict[str, Any]) -> tuple[list[Any], bool]:
         if inputs is None and "question" in kwargs:
             question, context = kwargs.pop("question"), kwargs.pop("context", None)
             if isinstance(question, list):
@@ -223,7 +239,7 @@ class QuestionAnsweringPipeline(ONNXPipeline):
                 )
         return items, single
 
-    def __call__(self, inputs: Any = None, *, batch_size: int | None = None, **kwargs: Any) -> Any:
+    def __call__(self, inputs: object = None, *, batch_size: int | None = None, **kwargs: object) -> Any:
         items, single = self.normalize(inputs, kwargs)
         return super().__call__(items[0] if single else items, batch_size=batch_size, **kwargs)
 
@@ -232,7 +248,7 @@ class QuestionAnsweringPipeline(ONNXPipeline):
         items: list[dict[str, str]],
         max_answer_len: int = 15,
         handle_impossible_answer: bool = False,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Any]:
         questions = [str(it["question"]) for it in items]
         contexts = [str(it["context"]) for it in items]

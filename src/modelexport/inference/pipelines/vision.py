@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...errors import MetadataError
 from ..processors import to_array
 from .base import ClassificationMixin, ONNXPipeline, register_pipeline
+
+if TYPE_CHECKING:
+    from transformers import BaseImageProcessor
 
 __all__ = ["ImageClassificationPipeline", "AudioClassificationPipeline", "ObjectDetectionPipeline"]
 
@@ -18,7 +21,11 @@ class _Classifier(ClassificationMixin, ONNXPipeline):
     takes_feeds = True
 
     def run_batch(
-        self, items: list[Any], top_k: int | None = 5, function_to_apply: str | None = None, **kwargs: Any
+        self,
+        items: list[Any],
+        top_k: int | None = 5,
+        function_to_apply: str | None = None,
+        **kwargs: object,
     ) -> list[Any]:
         feeds = self.processor(**{self.processor.modality: items})
         return self.run_feeds(feeds, top_k, function_to_apply)
@@ -28,7 +35,7 @@ class _Classifier(ClassificationMixin, ONNXPipeline):
         feeds: dict[str, np.ndarray],
         top_k: int | None = 5,
         function_to_apply: str | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> list[Any]:
         probs = self.feed_probabilities(feeds, function_to_apply or self.default_function)
         k = min(top_k, probs.shape[-1]) if top_k is not None else None
@@ -66,7 +73,7 @@ class ObjectDetectionPipeline(ONNXPipeline):
     processor_kinds = ("image_processor",)
     processor_arg = "image_processor"
 
-    def _decoder(self) -> Any:
+    def _decoder(self) -> BaseImageProcessor:
         import transformers
 
         name = self.processor.config.get("image_processor_type")
@@ -79,7 +86,7 @@ class ObjectDetectionPipeline(ONNXPipeline):
             {k: v for k, v in self.processor.config.items() if not k.startswith("processor_")}
         )
 
-    def run_batch(self, items: list[Any], threshold: float = 0.5, **kwargs: Any) -> list[Any]:
+    def run_batch(self, items: list[Any], threshold: float = 0.5, **kwargs: object) -> list[Any]:
         import torch
         from transformers.utils import ModelOutput
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -35,9 +35,14 @@ from ..multimodal import (
     synthetic_image,
     vision_items,
 )
+from ..processors import BaseONNXProcessor
+from ..processors.base import ImageInput
 from ..processors.vision_text import ONNXVisionTextProcessor
 from .base import register_pipeline
 from .generation import GenerationSettings, TextGenerationPipeline, _Cache, device_of, run_bound
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession, OrtValue
 
 __all__ = [
     "ImageTextToTextPipeline",
@@ -54,7 +59,9 @@ TASK = "image-text-to-text"
 ROLES = ("vision_encoder", "embed_tokens", "decoder")
 
 
-def pair_inputs(images: Any, texts: Any) -> list[dict[str, Any]]:
+def pair_inputs(
+    images: ImageInput | Sequence[ImageInput | Sequence[ImageInput]], texts: str | Sequence[str] | None
+) -> list[dict[str, Any]]:
     """(image, prompt) items: lists of equal length pair up in order; one text goes with every image, one image
     with every text. An item's ``images`` may be a list (several images in one prompt)."""
     imgs = list(images) if isinstance(images, (list, tuple)) else [images]
@@ -80,7 +87,7 @@ def is_vision_text_package(model: str | os.PathLike[str], task: str | None = Non
     return read_metadata(resolve_model_path(model)).get(KEY_TASK) == TASK
 
 
-def check_images(model: str | os.PathLike[str], images: Sequence[Any]) -> None:
+def check_images(model: str | os.PathLike[str], images: Sequence[ImageInput]) -> None:
     """Refuse an image the package's processor cannot take, before any graph is loaded
     (:class:`~modelexport.errors.ImageInputError`)."""
     file = resolve_model_path(model)
@@ -96,7 +103,7 @@ class _State:
     embeds: np.ndarray | None
     positions: np.ndarray | None
     token_types: np.ndarray | None
-    past: list[Any] | None
+    past: list[OrtValue] | None
 
 
 @register_pipeline(TASK)
@@ -108,7 +115,7 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
     processor_arg = "processor"
     pipeline_defaults: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, session: Any, processor: Any, **kwargs: Any) -> None:
+    def __init__(self, session: InferenceSession, processor: BaseONNXProcessor, **kwargs: object) -> None:
         super().__init__(session, processor, **kwargs)
         folder = self.model_path.parent if self.model_path else None
         graphs = package_components(folder, self.model_path) if folder else {}
@@ -177,9 +184,9 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         )
 
     # ------------------------------------------------------------------------------ decoding steps
-    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: Any) -> _State:
+    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None) -> _State:
         """Image features merged into the prompt's embeddings; positions and token types (each prompt row
-        repeated for its beams)."""
+        repeated for its beams). ``context``: the processor's feeds (:meth:`generate_from` always gives them)."""
         feeds: dict[str, np.ndarray] = context
         embeds = merge_image_features(
             self.embed(feeds["input_ids"]),
@@ -197,7 +204,9 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         past = self.cache.empty(len(ids)) if self.cache else None
         return _State(True, embeds, positions, None if types is None else types.astype(np.int64), past)
 
-    def _advance(self, ids: np.ndarray, mask: np.ndarray, new: int, past: Any) -> tuple[np.ndarray, Any]:
+    def _advance(
+        self, ids: np.ndarray, mask: np.ndarray, new: int, past: _State
+    ) -> tuple[np.ndarray, _State]:
         state: _State = past
         embeds, positions, types = state.embeds, state.positions, state.token_types
         if not state.first:
@@ -227,7 +236,7 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         constant = self.record.get("generated_token_type")
         return types[:, -1:] if constant is None else np.full((len(types), 1), int(constant), types.dtype)
 
-    def _reorder(self, past: Any, order: np.ndarray) -> Any:
+    def _reorder(self, past: _State, order: np.ndarray) -> _State:
         state: _State = past
         take = lambda a, axis=0: None if a is None else np.take(a, order, axis=axis)  # noqa: E731
         return replace(
@@ -240,7 +249,7 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
 
     # ------------------------------------------------------------------------------------ public
     def component_feeds(
-        self, image: Any = None, text: str = "Describe the image."
+        self, image: ImageInput | None = None, text: str = "Describe the image."
     ) -> dict[str, dict[str, np.ndarray]]:
         """Each graph's inputs for one prompt about ``image`` (default: a synthetic photo), as generation feeds
         them: the first image item, the prompt's ids, the decoder's first step (an empty past). What ``profile``
@@ -273,7 +282,7 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         """Token ids (the prompt, then the generated ones) for the processor's ``feeds`` of a batch of prompts."""
         return self.generate(feeds["input_ids"], feeds["attention_mask"], settings, streamer, context=feeds)
 
-    def normalize(self, inputs: Any, kwargs: dict[str, Any]) -> tuple[list[Any], bool]:
+    def normalize(self, inputs: object, kwargs: dict[str, Any]) -> tuple[list[Any], bool]:
         """Items from ``{"images": ..., "text": ...}`` dicts (or one), or from ``images=`` and ``text=``."""
         images, text = kwargs.pop("images", None), kwargs.pop("text", None)
         if inputs is None and (images is not None or text is not None):
@@ -294,7 +303,7 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         return [{"images": i.get("images", i.get("image")), "text": str(i["text"])} for i in items], single
 
     def run_batch(
-        self, items: list[Any], streamer: Callable[[str], None] | None = None, **kwargs: Any
+        self, items: list[Any], streamer: Callable[[str], None] | None = None, **kwargs: object
     ) -> list[Any]:
         kwargs.pop("return_full_text", None)
         settings = self.settings(**kwargs)

@@ -11,20 +11,24 @@ from __future__ import annotations
 
 import os
 import wave
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...errors import InferenceError
 from ...metadata.build import hf_processor
 from ..graph import GraphInput
-from .base import BaseONNXProcessor
+from .base import AudioInput, BaseONNXProcessor, ImageInput
+
+if TYPE_CHECKING:
+    from transformers import SequenceFeatureExtractor
 
 __all__ = ["ONNXFeatureExtractor", "read_audio"]
 
 
-def read_audio(source: Any, sampling_rate: int) -> np.ndarray:
+def read_audio(source: AudioInput, sampling_rate: int) -> np.ndarray:
     """A mono float32 waveform at ``sampling_rate`` from an array or a PCM .wav file."""
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
@@ -65,7 +69,7 @@ class ONNXFeatureExtractor(BaseONNXProcessor):
         inputs: list[GraphInput],
         config: dict[str, Any] | None = None,
         *,
-        processor: Any = None,
+        processor: SequenceFeatureExtractor | None = None,
         model_type: str | None = None,
     ) -> None:
         super().__init__(inputs, processor.to_dict() if processor is not None else config)
@@ -104,7 +108,11 @@ class ONNXFeatureExtractor(BaseONNXProcessor):
         return np.pad(feats, [(0, 0)] * (feats.ndim - 1) + [(0, self.fixed_length - feats.shape[-1])])
 
     def __call__(
-        self, texts: Any = None, images: Any = None, audio: Any = None, **kwargs: Any
+        self,
+        texts: str | Sequence[str] | None = None,
+        images: ImageInput | Sequence[ImageInput] | None = None,
+        audio: AudioInput | Sequence[AudioInput] | None = None,
+        **kwargs: object,
     ) -> dict[str, np.ndarray]:
         waves = [read_audio(a, self.sampling_rate) for a in self._require(audio, "audio")]
         out = dict(self.extractor(waves, **self._options()))

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -26,12 +26,17 @@ from ...metadata.store import read_metadata
 from ...onnxfile import resolve_model_path
 from ..graph import GraphInput, graph_inputs
 from .audio import ONNXFeatureExtractor
-from .base import BaseONNXProcessor
+from .base import AudioInput, BaseONNXProcessor, ImageInput
 from .image import ONNXImageProcessor
-from .text import ONNXTokenizer, load_tokenizer
+from .text import ONNXTokenizer, Tokenizer, load_tokenizer
 from .vision_text import ONNXVisionTextProcessor
 
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
+    from transformers import BaseImageProcessor, ProcessorMixin, SequenceFeatureExtractor
+
 __all__ = [
+    "DataProcessor",
     "ONNXAutoProcessor",
     "ONNXProcessor",
     "ProcessorSources",
@@ -42,6 +47,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: A ``data_processor`` a caller can give instead of the detected one: ours, or a transformers tokenizer,
+#: processor (images + prompts), image processor or feature extractor (:meth:`ONNXAutoProcessor.wrap`).
+DataProcessor: TypeAlias = (
+    "BaseONNXProcessor | Tokenizer | ProcessorMixin | BaseImageProcessor | SequenceFeatureExtractor"
+)
+
 
 @dataclass
 class ProcessorSources:
@@ -51,7 +62,7 @@ class ProcessorSources:
     inputs: list[GraphInput]
     processor_config: dict[str, Any]
     model_config: dict[str, Any]
-    tokenizer: Any = None
+    tokenizer: Tokenizer | None = None
     #: Library versions the export recorded (``modelexport.libraries``; empty for older packages).
     libraries: dict[str, str] = field(default_factory=dict)
     #: The embedded task (``hf_pipeline_task``), when there is one.
@@ -74,7 +85,7 @@ class ProcessorSources:
                 return data
         return processor_section(self.processor_config, kind)
 
-    def tokenizer_or_load(self) -> Any:
+    def tokenizer_or_load(self) -> Tokenizer:
         return self.tokenizer if self.tokenizer is not None else load_tokenizer(self.folder)
 
 
@@ -121,7 +132,11 @@ class ONNXProcessor(BaseONNXProcessor):
         self.parts = parts
 
     def __call__(
-        self, texts: Any = None, images: Any = None, audio: Any = None, **kwargs: Any
+        self,
+        texts: str | Sequence[str] | None = None,
+        images: ImageInput | Sequence[ImageInput] | None = None,
+        audio: AudioInput | Sequence[AudioInput] | None = None,
+        **kwargs: object,
     ) -> dict[str, np.ndarray]:
         given = {"texts": texts, "images": images, "audio": audio}
         feeds: dict[str, np.ndarray] = {}
@@ -207,9 +222,9 @@ class ONNXAutoProcessor:
         cls,
         model: str | os.PathLike[str],
         *,
-        session: Any = None,
+        session: InferenceSession | None = None,
         metadata: dict[str, Any] | None = None,
-        tokenizer: Any = None,
+        tokenizer: Tokenizer | None = None,
     ) -> ProcessorSources:
         """Graph inputs (from a session, the metadata or the file), embedded configs and the folder's files."""
         file = resolve_model_path(model)
@@ -237,12 +252,12 @@ class ONNXAutoProcessor:
         )
 
     @classmethod
-    def from_model(cls, model: str | os.PathLike[str], **kwargs: Any) -> BaseONNXProcessor:
-        """The processor for ``model`` (a .onnx file or an output folder)."""
+    def from_model(cls, model: str | os.PathLike[str], **kwargs: object) -> BaseONNXProcessor:
+        """The processor for ``model`` (a .onnx file or an output folder); ``kwargs`` go to :meth:`sources`."""
         return cls.from_sources(cls.sources(model, **kwargs))
 
     @classmethod
-    def wrap(cls, processor: Any, sources: ProcessorSources) -> BaseONNXProcessor:
+    def wrap(cls, processor: DataProcessor, sources: ProcessorSources) -> BaseONNXProcessor:
         """Our processor from a transformers tokenizer / image processor / feature extractor object."""
         if isinstance(processor, BaseONNXProcessor):
             return processor

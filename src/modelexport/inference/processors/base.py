@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from ...errors import InferenceError
 from ..graph import GraphInput
 
-__all__ = ["BaseONNXProcessor"]
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from PIL.Image import Image as PILImage
+
+__all__ = ["AudioInput", "BaseONNXProcessor", "ImageInput"]
+
+#: One image: a PIL image, a file path or an (H, W[, C]) array.
+ImageInput: TypeAlias = "PILImage | str | os.PathLike[str] | npt.ArrayLike"
+#: One waveform: a 1-D (or (1, N)) array or a PCM .wav path.
+AudioInput: TypeAlias = "str | os.PathLike[str] | npt.ArrayLike"
 
 
 class BaseONNXProcessor:
@@ -57,11 +68,17 @@ class BaseONNXProcessor:
         return {"class": type(self).__name__, "inputs": [i.to_dict() for i in self.inputs]}
 
     def __call__(
-        self, texts: Any = None, images: Any = None, audio: Any = None, **kwargs: Any
+        self,
+        texts: str | Sequence[str] | None = None,
+        images: ImageInput | Sequence[ImageInput] | None = None,
+        audio: AudioInput | Sequence[AudioInput] | None = None,
+        **kwargs: object,
     ) -> dict[str, np.ndarray]:
+        """Feeds for one batch of the modality this processor reads (one input or a list); ``kwargs`` are
+        options of the underlying transformers call (the tokenizer's), ignored by the others."""
         raise NotImplementedError
 
-    def _require(self, value: Any, what: str) -> list[Any]:
+    def _require(self, value: object, what: str) -> list[Any]:
         if value is None:
             raise InferenceError(f"{type(self).__name__} needs {what}=[...]")
         return list(value) if isinstance(value, (list, tuple)) else [value]

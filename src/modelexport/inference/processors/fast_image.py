@@ -11,9 +11,12 @@ every covered class with transformers on images of several sizes and modes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from transformers import BaseImageProcessor
 
 __all__ = ["FAST_IMAGE_RULES", "FastImageProcessor"]
 
@@ -93,20 +96,23 @@ def _center_crop(image: np.ndarray, crop: Size) -> np.ndarray | None:
 class FastImageProcessor:
     """A covered transformers image processor config, applied with numpy + PIL (same outputs)."""
 
-    def __init__(self, config: dict[str, Any], fallback: Callable[[dict[str, Any]], Any]) -> None:
+    def __init__(
+        self, config: dict[str, Any], fallback: Callable[[dict[str, Any]], BaseImageProcessor]
+    ) -> None:
         self.config = dict(config)
         self._rule, extra = FAST_IMAGE_RULES[self.config["image_processor_type"]]
         missing = [k for k in (*_REQUIRED, *extra) if k not in self.config]
         if missing:
             raise KeyError(f"the config does not set {missing}")
-        self._fallback, self._slow = fallback, None
+        self._fallback = fallback
+        self._slow: BaseImageProcessor | None = None
         self._rule(
             (37, 53), dict(self.config.get("size") or {}), self.config
         )  # a size it cannot do: ValueError
 
     @classmethod
     def from_config(
-        cls, config: dict[str, Any], fallback: Callable[[dict[str, Any]], Any]
+        cls, config: dict[str, Any], fallback: Callable[[dict[str, Any]], BaseImageProcessor]
     ) -> FastImageProcessor | None:
         """The fast processor for ``config``, or None where transformers' class must do it."""
         if config.get("image_processor_type") not in FAST_IMAGE_RULES or any(
@@ -131,7 +137,7 @@ class FastImageProcessor:
         return type(self)(config, self._fallback)
 
     @property
-    def slow(self) -> Any:
+    def slow(self) -> BaseImageProcessor:
         """transformers' own class for this config (imports transformers: only for what is not covered)."""
         if self._slow is None:
             self._slow = self._fallback(self.config)
@@ -163,7 +169,7 @@ class FastImageProcessor:
             out = (out - mean) / std
         return out
 
-    def __call__(self, images: list[np.ndarray], **kwargs: Any) -> dict[str, list[np.ndarray]]:
+    def __call__(self, images: list[np.ndarray], **kwargs: object) -> dict[str, list[np.ndarray]]:
         """transformers' ``preprocess(images, return_tensors=None, ...)`` for HWC uint8 arrays."""
         covered = (
             set(kwargs) <= _CALL_KEYS and kwargs.get("input_data_format", "channels_last") == "channels_last"

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tokenizers import Encoding, Tokenizer
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
 
 __all__ = ["FastEncoding", "FastTokenizer", "UNCOVERED_CHECKS"]
 
@@ -51,7 +55,7 @@ _CLEAN_UP_BY_DEFAULT = (
     "TapasTokenizer",
 )
 #: transformers' truncation argument -> the backend's strategy.
-_TRUNCATION: dict[Any, str] = {
+_TRUNCATION: dict[bool | str, str] = {
     True: "longest_first",
     "longest_first": "longest_first",
     "only_first": "only_first",
@@ -59,7 +63,7 @@ _TRUNCATION: dict[Any, str] = {
 }
 
 
-def _content(token: Any) -> str | None:
+def _content(token: object) -> str | None:
     """A special token of tokenizer_config.json: a string or a serialized AddedToken."""
     if isinstance(token, dict):
         return token.get("content")
@@ -123,7 +127,7 @@ UNCOVERED_CHECKS: list[Callable[[dict[str, Any], dict[str, Any]], str | None]] =
 class FastEncoding(dict[str, np.ndarray]):
     """The arrays of a batch (like transformers' ``BatchEncoding``), plus ``sequence_ids(i)``."""
 
-    def __init__(self, data: dict[str, np.ndarray], encodings: list[Any]) -> None:
+    def __init__(self, data: dict[str, np.ndarray], encodings: list[Encoding]) -> None:
         super().__init__(data)
         self.encodings = encodings
 
@@ -134,7 +138,7 @@ class FastEncoding(dict[str, np.ndarray]):
 class FastTokenizer:
     """The subset of a transformers fast tokenizer the ONNX pipelines use, over ``tokenizers.Tokenizer``."""
 
-    def __init__(self, backend: Any, config: dict[str, Any], folder: Path) -> None:
+    def __init__(self, backend: Tokenizer, config: dict[str, Any], folder: Path) -> None:
         self.backend = backend
         self.folder = folder
         self.config = config
@@ -145,7 +149,7 @@ class FastTokenizer:
             config.get("model_input_names") or ("input_ids", "token_type_ids", "attention_mask")
         )
         self.special_tokens = {n: _content(config.get(n)) for n in _SPECIAL_NAMES if _content(config.get(n))}
-        self._full: Any = None
+        self._full: PreTrainedTokenizerBase | None = None
 
     @classmethod
     def from_folder(cls, folder: Path) -> FastTokenizer | None:
@@ -178,7 +182,7 @@ class FastTokenizer:
         return cls(backend, config, folder)
 
     # ------------------------------------------------------------------------------ special tokens
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         """``tokenizer.pad_token = "[PAD]"`` sets a special token, as on transformers' tokenizers."""
         if name in _SPECIAL_NAMES:
             if value is None:
@@ -232,7 +236,7 @@ class FastTokenizer:
             return "transformers 5 skips clean_up_tokenization_spaces for BPE tokenizers, 4 applies it"
         return None
 
-    def decode(self, token_ids: Any, skip_special_tokens: bool = False) -> str:
+    def decode(self, token_ids: int | Iterable[int], skip_special_tokens: bool = False) -> str:
         """Text of one sequence of ids, as transformers' fast tokenizers decode: the backend's decoder, then the
         clean-up of spaces before punctuation where the config asks for it."""
         ids = [int(i) for i in (token_ids if hasattr(token_ids, "__iter__") else [token_ids])]
@@ -246,11 +250,15 @@ class FastTokenizer:
                 text = text.replace(before, after)
         return text
 
-    def batch_decode(self, sequences: Any, skip_special_tokens: bool = False) -> list[str]:
+    def batch_decode(
+        self, sequences: Iterable[int | Iterable[int]], skip_special_tokens: bool = False
+    ) -> list[str]:
         return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in sequences]
 
     # ------------------------------------------------------------------------------------ encoding
-    def _configure(self, padding: Any, truncation: Any, max_length: int | None, pairs: bool) -> None:
+    def _configure(
+        self, padding: bool | str | None, truncation: bool | str | None, max_length: int | None, pairs: bool
+    ) -> None:
         """Padding and truncation on the backend, as ``PreTrainedTokenizerFast.set_truncation_and_padding``."""
         if truncation is True and max_length is None:
             truncation = False if self.model_max_length >= _VERY_LARGE else truncation
@@ -284,14 +292,14 @@ class FastTokenizer:
         text: str | list[str],
         text_pair: str | list[str] | None = None,
         *,
-        padding: Any = False,
-        truncation: Any = None,
+        padding: bool | str | None = False,
+        truncation: bool | str | None = None,
         max_length: int | None = None,
         return_tensors: str | None = "np",
         return_offsets_mapping: bool = False,
         return_special_tokens_mask: bool = False,
-        **unknown: Any,
-    ) -> Any:
+        **unknown: object,
+    ) -> FastEncoding | BatchEncoding:
         """Token arrays for a batch; options this wrapper does not cover go to transformers' tokenizer."""
         if unknown or return_tensors != "np":
             log.debug("tokenizer options %s need transformers' tokenizer", sorted(unknown) or return_tensors)
@@ -318,7 +326,7 @@ class FastTokenizer:
             self._arrays(encodings, return_offsets_mapping, return_special_tokens_mask), encodings
         )
 
-    def _arrays(self, encodings: list[Any], offsets: bool, special: bool) -> dict[str, np.ndarray]:
+    def _arrays(self, encodings: list[Encoding], offsets: bool, special: bool) -> dict[str, np.ndarray]:
         fields = {"input_ids": "ids"}
         if "token_type_ids" in self.model_input_names:
             fields["token_type_ids"] = "type_ids"
@@ -333,7 +341,7 @@ class FastTokenizer:
             for key, attr in fields.items()
         }
 
-    def full(self) -> Any:
+    def full(self) -> PreTrainedTokenizerBase:
         """transformers' tokenizer for the same folder: for what this wrapper does not cover (loaded once)."""
         if self._full is None:
             from transformers import AutoTokenizer

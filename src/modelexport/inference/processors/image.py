@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -21,17 +22,23 @@ from ..._numeric import check_fits_in_memory, tensor_bytes
 from ...errors import InferenceError, MetadataError
 from ...metadata.build import hf_processor
 from ..graph import GraphInput
-from .base import BaseONNXProcessor
+from .base import AudioInput, BaseONNXProcessor, ImageInput
 from .fast_image import FastImageProcessor
 
-__all__ = ["ONNXImageProcessor", "to_array"]
+if TYPE_CHECKING:
+    from transformers import BaseImageProcessor
+
+__all__ = ["ImageProcessor", "ONNXImageProcessor", "to_array"]
+
+#: What pre-processes the images: ours in numpy + PIL, or transformers' own class.
+ImageProcessor: TypeAlias = "FastImageProcessor | BaseImageProcessor"
 
 log = logging.getLogger(__name__)
 
 _GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float64)  # ITU-R 601-2, as PIL's convert("L")
 
 
-def to_array(image: Any) -> np.ndarray:
+def to_array(image: ImageInput) -> np.ndarray:
     """An HWC array (uint8 or float) from a PIL image, a file path or an (H, W) / (H, W, C) array."""
     from PIL import Image, UnidentifiedImageError
 
@@ -80,7 +87,7 @@ def _channels(arr: np.ndarray, channels: int) -> np.ndarray:
 _PROBE_HW = (37, 53)
 
 
-def _graph_fits(proc: Any, height: int, width: int) -> list[dict[str, Any]]:
+def _graph_fits(proc: ImageProcessor, height: int, width: int) -> list[dict[str, Any]]:
     """Settings that make ``proc`` give ``height x width``, most faithful first: keep the center crop
     (shortest edge + crop), a square shortest edge (crop_pct configs crop to it), else resize to it."""
     fits: list[dict[str, Any]] = []
@@ -105,7 +112,7 @@ class ONNXImageProcessor(BaseONNXProcessor):
         config: dict[str, Any] | None = None,
         input_name: str | None = None,
         *,
-        processor: Any = None,
+        processor: ImageProcessor | None = None,
         model_type: str | None = None,
     ) -> None:
         super().__init__(inputs, processor.to_dict() if processor is not None else config)
@@ -128,13 +135,13 @@ class ONNXImageProcessor(BaseONNXProcessor):
             )
         if processor is None:  # numpy + PIL where the config is covered, else transformers' own class
 
-            def slow(config: dict[str, Any]) -> Any:
+            def slow(config: dict[str, Any]) -> BaseImageProcessor:
                 return hf_processor(config, self.kind, model_type)
 
             processor = FastImageProcessor.from_config(self.config, slow) or slow(self.config)
         self.processor = self._fit(processor)
 
-    def _run(self, proc: Any, arrays: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
+    def _run(self, proc: ImageProcessor, arrays: list[np.ndarray]) -> dict[str, list[np.ndarray]]:
         """``proc`` on HWC arrays; pixel values channels first, as every transformers version writes them
         (5.x dropped ``data_format``), turned channels last here for a channels-last graph."""
         out = proc(images=arrays, return_tensors=None, input_data_format="channels_last")
@@ -146,7 +153,7 @@ class ONNXImageProcessor(BaseONNXProcessor):
     def _hw(self, pixels: np.ndarray) -> tuple[int, int]:
         return pixels.shape[:2] if self.channels_last else pixels.shape[1:3]
 
-    def _fit(self, proc: Any) -> Any:
+    def _fit(self, proc: ImageProcessor) -> ImageProcessor:
         """``proc`` itself when it gives the graph's fixed H x W, else a copy set to give it."""
         if self.fixed_hw is None:
             return proc
@@ -179,7 +186,11 @@ class ONNXImageProcessor(BaseONNXProcessor):
         return np.stack(padded)
 
     def __call__(
-        self, texts: Any = None, images: Any = None, audio: Any = None, **kwargs: Any
+        self,
+        texts: str | Sequence[str] | None = None,
+        images: ImageInput | Sequence[ImageInput] | None = None,
+        audio: AudioInput | Sequence[AudioInput] | None = None,
+        **kwargs: object,
     ) -> dict[str, np.ndarray]:
         arrays = [_channels(to_array(img), self.channels) for img in self._require(images, "images")]
         out = self._run(self.processor, arrays)

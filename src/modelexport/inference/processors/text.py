@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
 from ...errors import MetadataError
 from ..graph import GraphInput
-from .base import BaseONNXProcessor
-from .fast_tokenizer import FastTokenizer
+from .base import AudioInput, BaseONNXProcessor, ImageInput
+from .fast_tokenizer import FastEncoding, FastTokenizer
 
-__all__ = ["ONNXTokenizer", "load_tokenizer"]
+if TYPE_CHECKING:
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
+
+__all__ = ["ONNXTokenizer", "TokenizedBatch", "Tokenizer", "load_tokenizer"]
+
+#: A tokenizer the processors call: ours on the ``tokenizers`` library, or transformers' own.
+Tokenizer: TypeAlias = "FastTokenizer | PreTrainedTokenizerBase"
+#: What a tokenizer call returns: numpy arrays by name, with ``sequence_ids(i)``.
+TokenizedBatch: TypeAlias = "FastEncoding | BatchEncoding"
 
 _NO_LIMIT = 1_000_000
 
 
-def load_tokenizer(folder: Path | None) -> Any:
+def load_tokenizer(folder: Path | None) -> Tokenizer:
     """The tokenizer saved beside the model; MetadataError when there is none.
 
     A folder with ``tokenizer.json`` gets :class:`FastTokenizer` (no torch or transformers import, the
@@ -48,7 +57,7 @@ class ONNXTokenizer(BaseONNXProcessor):
     modality = "texts"
 
     def __init__(
-        self, tokenizer: Any, inputs: list[GraphInput], config: dict[str, Any] | None = None
+        self, tokenizer: Tokenizer, inputs: list[GraphInput], config: dict[str, Any] | None = None
     ) -> None:
         super().__init__(inputs, config)
         self.tokenizer = tokenizer
@@ -63,7 +72,7 @@ class ONNXTokenizer(BaseONNXProcessor):
         positions = self.config.get("max_position_embeddings")
         return int(positions) if positions else None
 
-    def encode(self, texts: list[str], pairs: list[str] | None = None, **kwargs: Any) -> Any:
+    def encode(self, texts: list[str], pairs: list[str] | None = None, **kwargs: object) -> TokenizedBatch:
         """A numpy BatchEncoding (offsets, word ids... as asked) padded for this graph."""
         padding = "max_length" if self.fixed_length else True
         args = (texts, pairs) if pairs is not None else (texts,)
@@ -76,11 +85,15 @@ class ONNXTokenizer(BaseONNXProcessor):
             **kwargs,
         )
 
-    def feeds(self, encoding: Any) -> dict[str, np.ndarray]:
+    def feeds(self, encoding: Mapping[str, object]) -> dict[str, np.ndarray]:
         return self.cast({k: v for k, v in encoding.items() if isinstance(v, np.ndarray)})
 
     def __call__(
-        self, texts: Any = None, images: Any = None, audio: Any = None, **kwargs: Any
+        self,
+        texts: str | Sequence[str] | None = None,
+        images: ImageInput | Sequence[ImageInput] | None = None,
+        audio: AudioInput | Sequence[AudioInput] | None = None,
+        **kwargs: object,
     ) -> dict[str, np.ndarray]:
         items = self._require(texts, "texts")
         return self.feeds(self.encode([str(t) for t in items], **kwargs))

@@ -15,7 +15,7 @@ import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,15 +23,16 @@ from ..._transformers import load_processor
 from ...errors import ImageInputError, InferenceError, MetadataError, first_line
 from ..graph import GraphInput
 from ..multimodal import build_prompt
-from .base import BaseONNXProcessor
+from .base import AudioInput, BaseONNXProcessor, ImageInput
 from .image import to_array
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 __all__ = ["ONNXVisionTextProcessor", "load_rgb"]
 
-Image = Any  # a PIL image, a file path or an (H, W[, C]) array
 
-
-def load_rgb(image: Image) -> np.ndarray:
+def load_rgb(image: ImageInput) -> np.ndarray:
     """An (H, W, 3) uint8 array from a path, PIL image or array; ImageInputError naming what is wrong."""
     label = str(image) if isinstance(image, (str, os.PathLike)) else type(image).__name__
     try:
@@ -54,7 +55,7 @@ class ONNXVisionTextProcessor(BaseONNXProcessor):
     modality = "images+texts"
 
     def __init__(
-        self, processor: Any, inputs: list[GraphInput], config: dict[str, Any] | None = None
+        self, processor: ProcessorMixin, inputs: list[GraphInput], config: dict[str, Any] | None = None
     ) -> None:
         super().__init__(inputs, config)
         self.processor = processor
@@ -74,14 +75,14 @@ class ONNXVisionTextProcessor(BaseONNXProcessor):
         return cls(processor, inputs)
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.processor.tokenizer
 
     @property
     def transformers_classes(self) -> list[str]:
         return [type(self.processor).__name__]
 
-    def check_images(self, images: Sequence[Image]) -> list[np.ndarray]:
+    def check_images(self, images: Sequence[ImageInput]) -> list[np.ndarray]:
         """Each image as RGB, after its own run through the image processor: an image it cannot take raises
         :class:`ImageInputError` before any graph runs."""
         loaded = []
@@ -103,7 +104,11 @@ class ONNXVisionTextProcessor(BaseONNXProcessor):
         return [build_prompt(self.processor, str(t), n) for t, n in zip(texts, counts, strict=True)]
 
     def __call__(
-        self, texts: Any = None, images: Any = None, audio: Any = None, **kwargs: Any
+        self,
+        texts: str | Sequence[str] | None = None,
+        images: ImageInput | Sequence[ImageInput | Sequence[ImageInput]] | None = None,
+        audio: AudioInput | Sequence[AudioInput] | None = None,
+        **kwargs: object,
     ) -> dict[str, np.ndarray]:
         """Feeds for prompts ``texts`` about ``images`` (one list of images per prompt, or one image each)."""
         texts = self._require(texts, "texts")
