@@ -11,7 +11,9 @@ int4: ``python -m onnxruntime_genai.models.builder``, benchmark-only, needs tran
 int8 (``--mixed-precision norm_inputs``). Every engine runs in a fresh process per round and thread count
 (load time and peak RSS are that process's), rounds interleaved; per-token = (best 64-token run - best 1-token
 run) / 63, prefill = best 1-token run; ``start_s`` = wall time of a whole process that loads the model and makes
-one token (``modelexport infer`` for ours). Ratios are the point (the machine is shared): JSON in
+one token (``modelexport infer`` for ours); peak RSS = the process's ``VmHWM``, with every engine's model files
+dropped from the page cache once before the rounds (a freshly written file would count its history).
+Ratios are the point (the machine is shared): JSON in
 ``benchmarks/results/generation_cpu_llm.json``.
 
     python benchmarks/generation.py [--rounds 3] [--threads 1,2] [--workdir DIR]
@@ -367,6 +369,35 @@ def _file_mb(kind: str, folder: Path) -> float:
     return round(sum(f.stat().st_size for f in files) / 2**20, 1)
 
 
+def _evict_page_cache(folders: list[Path]) -> int:
+    """Drop the model files of ``folders`` from the page cache (flushed first); returns the files dropped.
+
+    Every engine then starts from the same state: its first process reads its weights from disk through ONNX
+    Runtime's mapping, and later processes find the page cache as that loading left it. Without this a file
+    freshly written in one piece (onnxruntime-genai's builder, ``onnx.save_model``) sits in the cache as 2 MB
+    folios, and a session that gathers embedding rows from it maps 2 MB per row into its RSS (issue 26: +90
+    MB on a 128-token prompt), while an older file does not: peak RSS would measure the files' history."""
+    count = 0
+    for folder in folders:
+        for path in folder.iterdir():
+            if path.is_file() and path.name.endswith((".onnx", ".onnx.data", ".onnx_data")):
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+                count += 1
+    return count
+
+
+def _status_mb(key: str) -> float | None:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
 def _peak_rss_mb() -> float:
     """This process's peak resident memory (``VmHWM``: reset by exec, unlike ``ru_maxrss``, which a child
     inherits from the parent that forked it)."""
@@ -410,6 +441,10 @@ def _child(args: argparse.Namespace) -> int:
         "per_token_ms": round((min(alls) - min(firsts)) / (CPU_NEW - 1) * 1000, 3),
         "rss_after_load_mb": round(rss_load),
         "peak_rss_mb": round(_peak_rss_mb()),
+        # resident at the end, split: anonymous (the engine's own memory) and file-backed (mapped weights
+        # and libraries: the page cache's pages, counted in RSS once mapped)
+        "rss_end_anon_mb": round(_status_mb("RssAnon") or 0),
+        "rss_end_file_mb": round(_status_mb("RssFile") or 0),
         "tokens": [int(t) for t in tokens[:CPU_NEW]],
     }
     print(json.dumps(result))
@@ -522,6 +557,8 @@ def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "load_s": best_load,
         "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in runs),
         "rss_after_load_mb": statistics.median(r["rss_after_load_mb"] for r in runs),
+        "rss_end_anon_mb": statistics.median(r["rss_end_anon_mb"] for r in runs),
+        "rss_end_file_mb": statistics.median(r["rss_end_file_mb"] for r in runs),
         "tokens": runs[0]["tokens"],
     }
 
@@ -564,6 +601,7 @@ def _cpu_llm(args: argparse.Namespace) -> int:
     engines = _build_cpu_llm(src, root, args.optimum_python)
     if args.engines:
         engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
+    evicted = _evict_page_cache([folder for _, folder, _ in engines.values()])
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {name: {t: [] for t in threads} for name in engines}
     starts: dict[str, list[float]] = {name: [] for name in engines}
     for _ in range(args.rounds):  # interleaved: each round runs every engine once per thread count
@@ -608,6 +646,7 @@ def _cpu_llm(args: argparse.Namespace) -> int:
         "ratios": ratios,
         "targets": targets,
         "tokens": same,
+        "page_cache": f"{evicted} model files of the engines dropped from the page cache once, before the rounds",
         # a shared machine's load decides how far the ratios can be trusted (2-thread runs most of all)
         "load_average_1_5_15_min": [round(x, 2) for x in os.getloadavg()],
     }
@@ -635,6 +674,11 @@ def _print_cpu_llm(
         )
     for name, row in table.items():
         print(f"load breakdown {name}: {row[threads[0]]['load_s']}")
+    for name, row in table.items():
+        first = row[threads[0]]
+        print(
+            f"RSS at exit {name}: anonymous {first['rss_end_anon_mb']:.0f} MB, file {first['rss_end_file_mb']:.0f} MB"
+        )
     print("ratios:", ratios)
     for name, t in targets.items():
         print(f"target {name}: {t['ratio']} <= {t['bound']}: {'met' if t['met'] else 'MISSED'}")
