@@ -30,6 +30,7 @@ RANKS = {
             "errors",
             "_version",
             "_config",
+            "_registry",
             "_io",
             "_numeric",
             "_progress",

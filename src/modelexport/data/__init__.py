@@ -13,7 +13,6 @@ from .readers import (
     READERS,
     ReadOptions,
     load_dataset,
-    register_builtin,
     register_reader,
 )
 
@@ -23,7 +22,6 @@ __all__ = [
     "load_dataset",
     "encode_labels",
     "register_reader",
-    "register_builtin",
     "READERS",
     "BUILTINS",
     "ReadOptions",

@@ -45,13 +45,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._registry import Registry
 from ..errors import DatasetError, ModelExportError, first_line
 from .dataset import Dataset, encode_labels
 
 __all__ = [
     "load_dataset",
     "register_reader",
-    "register_builtin",
     "READERS",
     "BUILTINS",
     "ReadOptions",
@@ -115,31 +115,16 @@ class Reader:
 
 
 #: Format name -> reader, tried in registration order.
-READERS: dict[str, Reader] = {}
+READERS: Registry[Reader] = Registry("dataset format", error=DatasetError)
 #: ``sklearn:NAME`` style built-in datasets: spec -> loader.
-BUILTINS: dict[str, Callable[[], Dataset]] = {}
+BUILTINS: Registry[Callable[[], Dataset]] = Registry("built-in dataset", error=DatasetError)
 
 
 def register_reader(
     name: str, matches: Callable[[str], bool]
-) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
+) -> Callable[[Callable[[str, ReadOptions], Dataset]], Callable[[str, ReadOptions], Dataset]]:
     """Decorator: add a reader for the specs ``matches`` accepts."""
-
-    def deco(fn: Callable[[str, ReadOptions], Dataset]) -> Callable[[str, ReadOptions], Dataset]:
-        READERS[name] = Reader(name, matches, fn)
-        return fn
-
-    return deco
-
-
-def register_builtin(spec: str) -> Callable[[Callable[[], Dataset]], Callable[[], Dataset]]:
-    """Decorator: add a built-in dataset reachable as ``spec`` (e.g. ``sklearn:digits``)."""
-
-    def deco(fn: Callable[[], Dataset]) -> Callable[[], Dataset]:
-        BUILTINS[spec] = fn
-        return fn
-
-    return deco
+    return READERS.register_as(name, lambda fn: Reader(name, matches, fn))
 
 
 def load_dataset(
@@ -180,13 +165,13 @@ def load_dataset(
     "builtin", lambda spec: ":" in spec and spec.split(":", 1)[0] in {k.split(":")[0] for k in BUILTINS}
 )
 def _read_builtin(spec: str, options: ReadOptions) -> Dataset:
-    loader = BUILTINS.get(spec)
+    loader = BUILTINS.find(spec)
     if loader is None:
         raise DatasetError(f"unknown built-in dataset {spec!r}; available: {', '.join(sorted(BUILTINS))}")
     return loader()
 
 
-@register_builtin("sklearn:digits")
+@BUILTINS.register("sklearn:digits")
 def _digits() -> Dataset:
     """The 1,797 8x8 handwritten digits, as grayscale uint8 images (0..16 scaled to 0..255)."""
     try:

@@ -14,12 +14,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .._registry import Registry
 from ..errors import ExportError, FixedAxisError, InputSpecError, UnsupportedOperatorError, first_line
 from .experts import every_expert_runs
 from .inputs import ExampleInputs, OtherSize
 from .parity import flatten_outputs
 
-__all__ = ["CaptureSettings", "EXPORTER_REGISTRY", "capture", "exporter"]
+__all__ = ["CaptureSettings", "EXPORTER_REGISTRY", "capture"]
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +38,7 @@ class CaptureSettings:
 
 
 CaptureFn = Callable[[Any, ExampleInputs, CaptureSettings], Any]
-EXPORTER_REGISTRY: dict[str, CaptureFn] = {}
-
-
-def exporter(name: str) -> Callable[[CaptureFn], CaptureFn]:
-    def deco(fn: CaptureFn) -> CaptureFn:
-        EXPORTER_REGISTRY[name] = fn
-        return fn
-
-    return deco
+EXPORTER_REGISTRY: Registry[CaptureFn] = Registry("exporter")
 
 
 @contextlib.contextmanager
@@ -113,7 +106,7 @@ def _no_grad(model: Any) -> Iterator[None]:
             p.requires_grad_(True)
 
 
-@exporter("dynamo")
+@EXPORTER_REGISTRY.register("dynamo")
 def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     if (other := inputs.other_size) is not None and not s.static_shapes:
         program = _to_onnx(_program_with_free_axes(model, inputs, other), inputs, s)
@@ -252,7 +245,7 @@ def _forward_taking_only(model: Any, names: list[str]) -> Iterator[None]:
             model.forward = original
 
 
-@exporter("torchscript")
+@EXPORTER_REGISTRY.register("torchscript")
 def _torchscript(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     import onnx
     import torch

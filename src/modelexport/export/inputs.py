@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .._registry import Registry
 from ..errors import InputSpecError, first_line
 from .config import ExportConfig, InputSpec
 
@@ -34,12 +35,22 @@ log = logging.getLogger(__name__)
 BATCH, SEQ = 2, 16  # >1 so the exporters do not specialise dynamic axes to 1
 
 _Generator = Callable[[Any, ExportConfig], InputSpec | None]
-_INPUT_GENERATORS: dict[str, _Generator] = {}
-#: input name -> modality; a multimodal config keeps each modality's settings in ``<modality>_config``.
-_MODALITY: dict[str, str] = {}
-#: input name -> {axis: name} of the axes a model may leave free (an image's height and width): each export
-#: finds out whether the model takes another size there (:mod:`.free_axes`) and keeps them fixed if not.
-_FREE_AXES: dict[str, dict[int, str]] = {}
+
+
+@dataclass(frozen=True)
+class _InputGenerator:
+    """How to build an example for one forward parameter, and what the export needs to know about it."""
+
+    build: _Generator
+    #: A multimodal config keeps each modality's settings in ``<modality>_config``.
+    modality: str
+    #: {axis: name} of the axes a model may leave free (an image's height and width): each export finds out
+    #: whether the model takes another size there (:mod:`.free_axes`) and keeps them fixed if not.
+    free_axes: dict[int, str] = field(default_factory=dict)
+
+
+#: input name -> its generator (names that share one are aliases).
+_INPUT_GENERATORS: Registry[_InputGenerator] = Registry("example input", error=InputSpecError)
 #: The inputs that carry a modality's data (the others, masks and type ids, go with them).
 _PRIMARY = ("input_ids", "pixel_values", "input_values", "input_features")
 
@@ -50,20 +61,15 @@ def input_generator(
     """Register how to build an example for the forward parameters called ``names``; ``free_axes`` are
     the axes tried dynamic where the model allows it (named as Optimum names them)."""
 
-    def deco(fn: _Generator) -> _Generator:
-        for n in names:
-            _INPUT_GENERATORS[n] = fn
-            _MODALITY[n] = modality
-            if free_axes:
-                _FREE_AXES[n] = dict(free_axes)
-        return fn
-
-    return deco
+    return _INPUT_GENERATORS.register_as(
+        names[0], lambda fn: _InputGenerator(fn, modality, dict(free_axes or {})), *names[1:]
+    )
 
 
 def modality_config(config: Any, name: str) -> Any | None:
     """The sub-config of ``name``'s modality (``text_config``...), or None for single-modality configs."""
-    sub = getattr(config, f"{_MODALITY.get(name, '')}_config", None)
+    gen = _INPUT_GENERATORS.find(name)
+    sub = getattr(config, f"{gen.modality if gen else ''}_config", None)
     return sub if hasattr(sub, "to_dict") else None
 
 
@@ -372,10 +378,10 @@ def _wanted_inputs(module: Any, params: list[str]) -> list[str]:
 
 
 def _spec_for(config: Any, name: str, cfg: ExportConfig) -> InputSpec | None:
-    gen = _INPUT_GENERATORS.get(name)
+    gen = _INPUT_GENERATORS.find(name)
     if gen is None:
         raise InputSpecError(f"no example generator for input {name!r}; give --input-specs")
-    spec = gen(modality_config(config, name) or config, cfg)
+    spec = gen.build(modality_config(config, name) or config, cfg)
     return None if spec is None else InputSpec(name, spec.shape, spec.dtype, spec.dynamic_axes, spec.range)
 
 
@@ -511,7 +517,7 @@ def build_inputs(
 def _free_axes(specs: list[InputSpec]) -> dict[str, dict[int, str]]:
     """The registered free axes of the generated specs (user-given specs keep exactly what they say)."""
     return {
-        s.name: dict(_FREE_AXES[s.name])
+        s.name: dict(gen.free_axes)
         for s in specs
-        if s.name in _FREE_AXES and max(_FREE_AXES[s.name]) < len(s.shape)
+        if (gen := _INPUT_GENERATORS.find(s.name)) and gen.free_axes and max(gen.free_axes) < len(s.shape)
     }

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .._registry import Registry
 from ..errors import ParityError
 from ..runtime.session import create_session
 from .inputs import tensor_to_numpy
@@ -28,18 +29,10 @@ __all__ = [
 
 #: runner name -> fn(model bytes or path, feeds) -> (output names, outputs, what ran them)
 Runner = Callable[[Any, dict[str, np.ndarray]], tuple[list[str], list[np.ndarray], str]]
-PARITY_RUNNERS: dict[str, Runner] = {}
+PARITY_RUNNERS: Registry[Runner] = Registry("parity runner")
 
 
-def _runner(name: str) -> Callable[[Runner], Runner]:
-    def deco(fn: Runner) -> Runner:
-        PARITY_RUNNERS[name] = fn
-        return fn
-
-    return deco
-
-
-@_runner("onnxruntime")
+@PARITY_RUNNERS.register("onnxruntime")
 def _onnxruntime(model: Any, feeds: dict[str, np.ndarray]) -> tuple[list[str], list[np.ndarray], str]:
     session, info = create_session(model, graph_optimization_level="all")
     wanted = {i.name for i in session.get_inputs()}
@@ -47,7 +40,7 @@ def _onnxruntime(model: Any, feeds: dict[str, np.ndarray]) -> tuple[list[str], l
     return [o.name for o in session.get_outputs()], outputs, info.provider
 
 
-@_runner("onnx-reference")
+@PARITY_RUNNERS.register("onnx-reference")
 def _onnx_reference(model: Any, feeds: dict[str, np.ndarray]) -> tuple[list[str], list[np.ndarray], str]:
     import onnx
     from onnx.reference import ReferenceEvaluator

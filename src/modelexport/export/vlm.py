@@ -315,7 +315,7 @@ def _precompute_record(module: Any, item: dict[str, Any], grid: str | None) -> d
         module.get_image_features(**item, return_dict=True)
     record: dict[str, dict[str, Any]] = {}
     for name, arguments, _ in calls:
-        spec = VISION_PRECOMPUTE.get(name)
+        spec = VISION_PRECOMPUTE.find(name)
         if spec is None:
             raise ExportError(
                 f"the vision tower computes inputs with transformers.vision_utils.{name}, which modelexport's "

@@ -17,21 +17,15 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["SCOPE_READERS", "scope_reader", "module_path_for", "scope_counts"]
+from .._registry import Registry
+
+__all__ = ["SCOPE_READERS", "module_path_for", "scope_counts"]
 
 _CALL_SUFFIX = re.compile(r"^(.*?)(?:_\d+|@\d+)$")
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
 ScopeReader = Callable[[Any, set[str]], str | None]
-SCOPE_READERS: dict[str, ScopeReader] = {}
-
-
-def scope_reader(exporter: str) -> Callable[[ScopeReader], ScopeReader]:
-    def deco(fn: ScopeReader) -> ScopeReader:
-        SCOPE_READERS[exporter] = fn
-        return fn
-
-    return deco
+SCOPE_READERS: Registry[ScopeReader] = Registry("exporter")
 
 
 def _resolve(candidate: str, paths: set[str]) -> str | None:
@@ -44,7 +38,7 @@ def _resolve(candidate: str, paths: set[str]) -> str | None:
     return joined if joined in paths else None
 
 
-@scope_reader("dynamo")
+@SCOPE_READERS.register("dynamo")
 def _dynamo_scope(node: Any, paths: set[str]) -> str | None:
     raw = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES_KEY), None)
     if raw is None:
@@ -62,7 +56,7 @@ def _dynamo_scope(node: Any, paths: set[str]) -> str | None:
     return None
 
 
-@scope_reader("torchscript")
+@SCOPE_READERS.register("torchscript")
 def _torchscript_scope(node: Any, paths: set[str]) -> str | None:
     name = node.name or ""
     if not name.startswith("/"):

@@ -14,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from .._registry import Registry
 from ..data import Dataset
 from ..errors import ConfigError, DatasetError, MetadataError
 from .processors import BaseONNXProcessor, ONNXAutoProcessor, ProcessorSources
 
-__all__ = ["FEEDERS", "SampleSet", "check_modality", "dataset_feeds", "dataset_samples", "register_feeder"]
+__all__ = ["FEEDERS", "SampleSet", "check_modality", "dataset_feeds", "dataset_samples"]
 
 
 @dataclass
@@ -58,23 +59,15 @@ class _Model:
 
 Feeder = Callable[[Dataset, _Model], dict[str, np.ndarray]]
 #: Dataset kind -> how one batch of it becomes feeds.
-FEEDERS: dict[str, Feeder] = {}
+FEEDERS: Registry[Feeder] = Registry("dataset kind", error=DatasetError)
 
 
-def register_feeder(kind: str) -> Callable[[Feeder], Feeder]:
-    def deco(fn: Feeder) -> Feeder:
-        FEEDERS[kind] = fn
-        return fn
-
-    return deco
-
-
-@register_feeder("text")
+@FEEDERS.register("text")
 def _texts(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
     return check_modality(model.processor, "texts", batch.source)(texts=batch.texts)
 
 
-@register_feeder("image")
+@FEEDERS.register("image")
 def _images(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
     return check_modality(model.processor, "images", batch.source)(images=batch.images)
 
@@ -91,7 +84,7 @@ def check_modality(processor: BaseONNXProcessor, modality: str, source: str) -> 
     return processor
 
 
-@register_feeder("tensor")
+@FEEDERS.register("tensor")
 def _tensor(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
     names = [i.name for i in model.inputs.inputs]
     if len(names) != 1:
@@ -102,7 +95,7 @@ def _tensor(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
     return _check_shapes(batch.source, model.inputs.cast({names[0]: batch.x}), model, {names[0]: "x"})  # type: ignore[dict-item]
 
 
-@register_feeder("feeds")
+@FEEDERS.register("feeds")
 def _named(batch: Dataset, model: _Model) -> dict[str, np.ndarray]:
     arrays = batch.feeds or {}
     optional = {"token_type_ids"} if "input_ids" in arrays else set()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._registry import Registry
 from ..errors import InferenceError, MetadataError
 
 if TYPE_CHECKING:
@@ -107,17 +108,13 @@ class VisionPrecompute:
 
 
 #: transformers ``vision_utils`` helper name -> how to compute its tensor here.
-VISION_PRECOMPUTE: dict[str, VisionPrecompute] = {}
+VISION_PRECOMPUTE: Registry[VisionPrecompute] = Registry("vision precompute", error=MetadataError)
 
 
 def vision_precompute(
     getter: str, kwarg: str, graph_input: str
-) -> Callable[[Callable[..., np.ndarray]], Any]:
-    def deco(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-        VISION_PRECOMPUTE[getter] = VisionPrecompute(getter, kwarg, graph_input, fn)
-        return fn
-
-    return deco
+) -> Callable[[Callable[..., np.ndarray]], Callable[..., np.ndarray]]:
+    return VISION_PRECOMPUTE.register_as(getter, lambda fn: VisionPrecompute(getter, kwarg, graph_input, fn))
 
 
 def _cu_seqlens(grid: np.ndarray, merge_temporal: bool = False) -> np.ndarray:
@@ -167,7 +164,7 @@ def precomputed_inputs(grid: np.ndarray, record: dict[str, dict[str, Any]]) -> F
     ``{graph input: {"getter": ..., "params": {...}}}``."""
     out: Feeds = {}
     for name, entry in record.items():
-        spec = VISION_PRECOMPUTE.get(str(entry.get("getter")))
+        spec = VISION_PRECOMPUTE.find(str(entry.get("getter")))
         if spec is None:
             raise MetadataError(
                 f"the package's vision input {name!r} is computed by {entry.get('getter')!r}, which this version "
@@ -214,15 +211,11 @@ class PositionScheme:
 
 
 #: scheme name -> :class:`PositionScheme`; the export records the one that gives ``generate``'s positions.
-POSITION_SCHEMES: dict[str, PositionScheme] = {}
+POSITION_SCHEMES: Registry[PositionScheme] = Registry("position scheme", error=MetadataError)
 
 
 def position_scheme(name: str, params: ParamsFn) -> Callable[[PositionFn], PositionFn]:
-    def deco(fn: PositionFn) -> PositionFn:
-        POSITION_SCHEMES[name] = PositionScheme(name, fn, params)
-        return fn
-
-    return deco
+    return POSITION_SCHEMES.register_as(name, lambda fn: PositionScheme(name, fn, params))
 
 
 def _text_positions(mask: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .._registry import Registry
 from ..errors import ConfigError
 
 __all__ = [
@@ -26,22 +27,18 @@ TERMINAL_WIDTH = 100
 #: Formats read by programs: never cut.
 MACHINE_FORMATS = frozenset({"json", "csv"})
 
-_RENDERERS: dict[tuple[str, str], Callable[[Any], str]] = {}
+#: ``command:format`` -> ``fn(result) -> str``.
+_RENDERERS: Registry[Callable[[Any], str]] = Registry("format")
 _EXTENSIONS = {".json": "json", ".csv": "csv", ".md": "markdown", ".txt": "summary"}
 
 
 def renderer(command: str, fmt: str) -> Callable[[Callable[[Any], str]], Callable[[Any], str]]:
     """Register ``fn(result) -> str`` as the ``fmt`` output of ``command``."""
-
-    def register(fn: Callable[[Any], str]) -> Callable[[Any], str]:
-        _RENDERERS[(command, fmt)] = fn
-        return fn
-
-    return register
+    return _RENDERERS.register(f"{command}:{fmt}")
 
 
 def formats_for(command: str) -> list[str]:
-    return [f for c, f in _RENDERERS if c == command]
+    return [key.split(":", 1)[1] for key in _RENDERERS if key.split(":", 1)[0] == command]
 
 
 def fit_width(text: str, width: int) -> str:
@@ -51,7 +48,7 @@ def fit_width(text: str, width: int) -> str:
 
 def render(command: str, fmt: str, result: Any, width: int | None = None) -> str:
     """``result`` as ``fmt``; human formats are cut to ``width`` columns when given (``--wide``: None)."""
-    fn = _RENDERERS.get((command, fmt))
+    fn = _RENDERERS.find(f"{command}:{fmt}")
     if fn is None:
         raise ConfigError(f"unknown format {fmt!r} for {command}; valid: {', '.join(formats_for(command))}")
     text = fn(result)
@@ -69,4 +66,4 @@ def format_for_path(command: str, path: str, default: str) -> str:
     from pathlib import Path
 
     fmt = _EXTENSIONS.get(Path(path).suffix.lower(), default)
-    return fmt if (command, fmt) in _RENDERERS else default
+    return fmt if f"{command}:{fmt}" in _RENDERERS else default

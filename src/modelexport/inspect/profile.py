@@ -311,7 +311,7 @@ def _package_feeds(entry: Path) -> dict[str, dict[str, Any]]:
     """Each graph's inputs as the package's pipeline feeds them, where it offers them (``component_feeds``:
     consistent inputs such as an image grid and its patches, which generated ones cannot be); else ``{}``."""
     task = read_metadata(entry).get(KEY_TASK)
-    cls = PIPELINES.get(str(task)) if task else None
+    cls = PIPELINES.find(str(task)) if task else None
     if cls is None or not callable(getattr(cls, "component_feeds", None)):
         return {}
     return pipeline(task, entry).component_feeds()

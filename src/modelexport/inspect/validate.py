@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._io import atomic_path, write_json
+from .._registry import Registry
 from ..errors import ConfigError, TagError, first_line
 from ..hierarchy.graph import ancestors_of, sidecar_mismatches
 from ..hierarchy.tagger import tensor_tags
@@ -58,18 +59,10 @@ class ValidationReport:
 
 Check = Callable[[TaggedModel], list[Finding]]
 #: name -> check; ``consistency`` runs only when asked for (it needs the sidecar).
-CHECKS: dict[str, Check] = {}
+CHECKS: Registry[Check] = Registry("check")
 
 
-def check(name: str) -> Callable[[Check], Check]:
-    def register(fn: Check) -> Check:
-        CHECKS[name] = fn
-        return fn
-
-    return register
-
-
-@check("onnx_checker")
+@CHECKS.register("onnx_checker")
 def _onnx_checker(tm: TaggedModel) -> list[Finding]:
     """Full ``onnx.checker`` with strict shape inference; from the path so external data is found."""
     import onnx
@@ -88,7 +81,7 @@ def _onnx_checker(tm: TaggedModel) -> list[Finding]:
     return []
 
 
-@check("tag_format")
+@CHECKS.register("tag_format")
 def _tag_format(tm: TaggedModel) -> list[Finding]:
     index = tm.index
     if not index.tagged_count:
@@ -129,7 +122,7 @@ def _sibling_clashes(tags: set[str]) -> list[str]:
     return sorted(out)
 
 
-@check("tag_tree")
+@CHECKS.register("tag_tree")
 def _tag_tree(tm: TaggedModel) -> list[Finding]:
     tags = {t for t in tm.index.node_tags if TAG_PATTERN.match(t)}
     if not tags:
@@ -169,7 +162,7 @@ def _tensor_findings(tm: TaggedModel) -> list[Finding]:
     return out[:30]
 
 
-@check("consistency")
+@CHECKS.register("consistency")
 def _consistency(tm: TaggedModel) -> list[Finding]:
     """Node metadata vs ``model_hierarchy.json``: same nodes, same tags and op types, same tensor tags."""
     if tm.sidecar is None:

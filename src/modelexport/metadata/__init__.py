@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .schema import METADATA_VERSION
 from .store import clear_cache, read_metadata, update_metadata, write_metadata
-from .tasks import TASKS, TaskSpec, detect_task, normalize_task, register_task
+from .tasks import TASKS, TaskSpec, detect_task, normalize_task
 
 __all__ = [
     "METADATA_VERSION",
@@ -16,5 +16,4 @@ __all__ = [
     "TaskSpec",
     "detect_task",
     "normalize_task",
-    "register_task",
 ]

@@ -12,13 +12,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .._config import unknown_choice
-from ..errors import ConfigError, TaskDetectionError
+from .._registry import Registry
+from ..errors import TaskDetectionError
 
 __all__ = [
     "TaskSpec",
     "TASKS",
-    "register_task",
     "get_task",
     "detect_task",
     "architectures_of",
@@ -36,17 +35,8 @@ class TaskSpec:
     aliases: tuple[str, ...] = ()
 
 
-#: Registration order is detection priority.
-TASKS: dict[str, TaskSpec] = {}
-_ALIASES: dict[str, str] = {}
-
-
-def register_task(spec: TaskSpec) -> TaskSpec:
-    """Add a task to the registry (its aliases resolve to it)."""
-    TASKS[spec.name] = spec
-    for alias in (spec.name, *spec.aliases):
-        _ALIASES[alias] = spec.name
-    return spec
+#: Registration order is detection priority; names and aliases are matched case-insensitively.
+TASKS: Registry[TaskSpec] = Registry("task", key=lambda name: str(name).strip().lower())
 
 
 for _spec in (
@@ -109,19 +99,16 @@ for _spec in (
     TaskSpec("fill-mask", ("MODEL_FOR_MASKED_LM_MAPPING_NAMES",), "ORTModelForMaskedLM"),
     TaskSpec("feature-extraction", ("MODEL_MAPPING_NAMES",), "ORTModelForFeatureExtraction", ("default",)),
 ):
-    register_task(_spec)
+    TASKS.add(_spec.name, _spec, aliases=_spec.aliases)
 
 
 def normalize_task(task: str) -> str:
     """The registered name for ``task`` or one of its aliases."""
-    name = _ALIASES.get(str(task).strip().lower())
-    if name is None:
-        raise ConfigError(unknown_choice("task", task, _ALIASES))
-    return name
+    return TASKS.canonical(task)
 
 
 def get_task(task: str) -> TaskSpec:
-    return TASKS[normalize_task(task)]
+    return TASKS.get(task)
 
 
 def _names_in(table: dict[str, Any]) -> set[str]:

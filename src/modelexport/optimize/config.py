@@ -1,7 +1,7 @@
 """Settings for ``quantize`` and ``optimize``: frozen dataclasses validated on creation, the registries
 they validate against, and named presets built from those registries.
 
-``QUANT_MODES`` is filled by :mod:`.quantization` (``@register_mode``) and ``WEIGHT_ALGORITHMS`` by
+``QUANT_MODES`` is filled by :mod:`.quantization` (``@QUANT_MODES.register``) and ``WEIGHT_ALGORITHMS`` by
 :mod:`.weight_only` (``@register_weight_algorithm``); importing any module of this package runs the
 package ``__init__``, which imports both, so the registries are complete before a config is validated. Presets follow Optimum: ``QuantizeConfig.preset("avx512_vnni")`` (cf.
 ``AutoQuantizationConfig``) and ``OptimizeConfig.preset("O2")`` (cf. ``AutoOptimizationConfig``).
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._config import closest, split_names
+from .._registry import Registry
 from ..errors import ConfigError
 from ..inference.feeds import SampleSet
 from ..runtime.session import graph_level
@@ -33,7 +34,6 @@ __all__ = [
     "WEIGHT_TYPES",
     "OptimizeConfig",
     "QuantizeConfig",
-    "register_mode",
     "ACCURACY_LEVELS",
     "BLOCK_SIZES",
     "MIXED_PRECISION",
@@ -61,17 +61,7 @@ FUSION_ENGINES = ("auto", "onnxscript", "ort")
 #: ORT's quantizers mishandle in-memory protos with large initializers).
 ModeFn = Callable[[Path, Path, "QuantizeConfig", list[str], "SampleSet | None"], None]
 #: Quantization modes (dynamic, static), filled by :mod:`.quantization`.
-QUANT_MODES: dict[str, ModeFn] = {}
-
-
-def register_mode(name: str) -> Callable[[ModeFn], ModeFn]:
-    """Add a quantization mode to ``QUANT_MODES``."""
-
-    def deco(fn: ModeFn) -> ModeFn:
-        QUANT_MODES[name] = fn
-        return fn
-
-    return deco
+QUANT_MODES: Registry[ModeFn] = Registry("quantization mode")
 
 
 #: Hardware targets (Optimum's ``AutoQuantizationConfig``): integer types, per-channel, reduce_range.
@@ -212,7 +202,7 @@ class WeightAlgorithm:
 
 
 #: Weight-only algorithms (rtn, hqq, gptq), filled by :mod:`.weight_only`.
-WEIGHT_ALGORITHMS: dict[str, WeightAlgorithm] = {}
+WEIGHT_ALGORITHMS: Registry[WeightAlgorithm] = Registry("weight-only algorithm")
 
 
 def register_weight_algorithm(
@@ -225,12 +215,9 @@ def register_weight_algorithm(
     summary: str = "",
 ) -> Callable[[WeightFn], WeightFn]:
     """Add a weight-only algorithm to ``WEIGHT_ALGORITHMS``."""
-
-    def deco(fn: WeightFn) -> WeightFn:
-        WEIGHT_ALGORITHMS[name] = WeightAlgorithm(name, fn, bits, symmetric, calibrated, embeddings, summary)
-        return fn
-
-    return deco
+    return WEIGHT_ALGORITHMS.register_as(
+        name, lambda fn: WeightAlgorithm(name, fn, bits, symmetric, calibrated, embeddings, summary)
+    )
 
 
 def _block_size(value: int) -> int:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._registry import Registry
 from ..errors import OptimizationError
 from ..hierarchy.passes import Pass, PassResult, PassStep, run_passes
 from ..onnxfile import load_onnx, package_components, resolve_model_path, save_onnx, staged_output
@@ -55,15 +56,12 @@ RECORD_KEY = "modelexport.optimization"
 
 PassFn = Callable[[Any, OptimizeConfig, Path], "tuple[Any, dict[str, Any]]"]
 #: name -> (applies to this config?, pass). Run in registration order.
-GRAPH_PASSES: dict[str, tuple[Callable[[OptimizeConfig], bool], PassFn]] = {}
+GRAPH_PASSES: Registry[tuple[Callable[[OptimizeConfig], bool], PassFn]] = Registry("graph pass")
 
 
 def register_pass(name: str, applies: Callable[[OptimizeConfig], bool]) -> Callable[[PassFn], PassFn]:
-    def deco(fn: PassFn) -> PassFn:
-        GRAPH_PASSES[name] = (applies, fn)
-        return fn
-
-    return deco
+    """Add the pass ``fn`` to ``GRAPH_PASSES``; ``applies(config)`` says whether a config asks for it."""
+    return GRAPH_PASSES.register_as(name, lambda fn: (applies, fn))
 
 
 def _hf_config(model: onnx.ModelProto) -> dict[str, Any]:

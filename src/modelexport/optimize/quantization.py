@@ -61,7 +61,6 @@ from .config import (
     QuantizeConfig,
     WeightOnlyConfig,
     check_samples,
-    register_mode,
 )
 from .evaluate import compare_models, module_error_report
 from .modules import excluded_nodes, package_exclusions
@@ -120,7 +119,7 @@ def _qtype(name: str) -> Any:
     return getattr(QuantType, WEIGHT_TYPES[name])
 
 
-@register_mode("dynamic")
+@QUANT_MODES.register("dynamic")
 def _dynamic(
     model: Path, out: Path, cfg: QuantizeConfig, exclude: list[str], samples: SampleSet | None
 ) -> None:
@@ -139,7 +138,7 @@ def _dynamic(
     )
 
 
-@register_mode("static")
+@QUANT_MODES.register("static")
 def _static(
     model: Path, out: Path, cfg: QuantizeConfig, exclude: list[str], samples: SampleSet | None
 ) -> None:

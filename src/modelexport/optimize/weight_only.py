@@ -218,7 +218,7 @@ def _norm_inputs(model: onnx.ModelProto, names: list[str]) -> list[str]:
 def generates(model: onnx.ModelProto) -> bool:
     """Whether the model's task (embedded metadata) runs a pipeline that generates tokens."""
     task = model_metadata(model).get(KEY_TASK)
-    pipe = PIPELINES.get(normalize_task(str(task))) if task else None
+    pipe = PIPELINES.find(normalize_task(str(task))) if task else None
     return bool(pipe is not None and pipe.generates)
 
 

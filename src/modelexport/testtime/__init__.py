@@ -27,8 +27,8 @@ Stable public API (other parts of modelexport and users build on these names)::
   ``CollapseGuard`` (collapse and label shift: the batch is served by the source), ``prior_correction``,
   ``Stream`` (a call without one keeps nothing); methods in ``methods.ADAPTATION_METHODS`` (``sar``: reliable entropy
   minimisation, EATA/SAR-style, in ``sar.py``).
-- Registries joined by decorator: ``TRANSFORMS`` (``register_transform``), ``AGGREGATORS``
-  (``register_aggregator``), ``ADAPTATION_METHODS``, ``CORRUPTIONS``.
+- Registries joined by decorator: ``TRANSFORMS`` (``register_transform``), ``AGGREGATORS``,
+  ``ADAPTATION_METHODS``, ``CORRUPTIONS``.
 - Building blocks: ``BNAdapter`` (BN statistics in ONNX Runtime), ``tent_adapt`` / ``OnnxTorchModule`` (Tent),
   ``enable_mc_dropout`` / ``mc_summary``, ``iterate`` / ``build_loop_model`` (external loop and ONNX Loop),
   ``Ensemble``, ``corrupt`` (robustness data). Measuring a policy on a labelled dataset
@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from .._numeric import softmax
 from .adapt import BNAdapter, BNLayer, BNState, find_bn_layers
-from .aggregate import AGGREGATORS, aggregate, entropy, register_aggregator
+from .aggregate import AGGREGATORS, aggregate, entropy
 from .augment import MODALITIES, TRANSFORMS, Transform, make_views, register_transform, transforms_for
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from .engine import TestTimeEngine, TestTimeResult
@@ -89,7 +89,6 @@ __all__ = [
     "make_views",
     "mc_summary",
     "policy_preset",
-    "register_aggregator",
     "register_transform",
     "softmax",
     "tent_adapt",

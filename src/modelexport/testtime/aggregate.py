@@ -12,18 +12,17 @@ from collections.abc import Callable
 import numpy as np
 
 from .._numeric import softmax
-from .registry import Registry
+from .._registry import Registry
+from ..errors import TestTimeError
 
-__all__ = ["AGGREGATORS", "register_aggregator", "aggregate", "entropy"]
+__all__ = ["AGGREGATORS", "aggregate", "entropy"]
 
 AggregateFn = Callable[[np.ndarray, int], np.ndarray]
 
 #: name -> fn(logits (K, N, ..., C), class_axis) -> probabilities (N, ..., C).
-AGGREGATORS: Registry[AggregateFn] = Registry("TTA aggregator")
-
-
-def register_aggregator(name: str) -> Callable[[AggregateFn], AggregateFn]:
-    return AGGREGATORS.register(name)
+AGGREGATORS: Registry[AggregateFn] = Registry(
+    "TTA aggregator", error=TestTimeError, hint="choose the TTA aggregator from the list"
+)
 
 
 def entropy(probs: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -41,36 +40,36 @@ def aggregate(logits: np.ndarray, name: str = "mean", class_axis: int = -1) -> n
     return AGGREGATORS.get(name)(np.asarray(logits, dtype=np.float64), axis).astype(np.float32)
 
 
-@register_aggregator("mean")
+@AGGREGATORS.register("mean")
 def _mean(logits: np.ndarray, axis: int) -> np.ndarray:
     """Mean of the probabilities (the usual TTA/ensemble average)."""
     return softmax(logits, axis).mean(axis=0)
 
 
-@register_aggregator("mean_logits")
+@AGGREGATORS.register("mean_logits")
 def _mean_logits(logits: np.ndarray, axis: int) -> np.ndarray:
     return softmax(logits.mean(axis=0), axis - 1 if axis > 0 else axis)
 
 
-@register_aggregator("geometric_mean")
+@AGGREGATORS.register("geometric_mean")
 def _geometric(logits: np.ndarray, axis: int) -> np.ndarray:
     log_p = np.log(np.clip(softmax(logits, axis), 1e-12, 1.0))
     return _normalize(np.exp(log_p.mean(axis=0)), axis - 1 if axis > 0 else axis)
 
 
-@register_aggregator("max")
+@AGGREGATORS.register("max")
 def _max(logits: np.ndarray, axis: int) -> np.ndarray:
     """Per class, the most confident view (renormalized)."""
     return _normalize(softmax(logits, axis).max(axis=0), axis - 1 if axis > 0 else axis)
 
 
-@register_aggregator("median")
+@AGGREGATORS.register("median")
 def _median(logits: np.ndarray, axis: int) -> np.ndarray:
     """Per class median over views (robust to one bad view; renormalized)."""
     return _normalize(np.median(softmax(logits, axis), axis=0), axis - 1 if axis > 0 else axis)
 
 
-@register_aggregator("vote")
+@AGGREGATORS.register("vote")
 def _vote(logits: np.ndarray, axis: int) -> np.ndarray:
     """Majority vote: the share of views voting for each class; ties go to the higher mean probability."""
     probs = softmax(logits, axis)
@@ -80,7 +79,7 @@ def _vote(logits: np.ndarray, axis: int) -> np.ndarray:
     return _normalize(share + 1e-6 * probs.mean(axis=0), axis - 1 if axis > 0 else axis)
 
 
-@register_aggregator("tsharpen")
+@AGGREGATORS.register("tsharpen")
 def _tsharpen(logits: np.ndarray, axis: int, t: float = 0.5) -> np.ndarray:
     """Mean of probabilities raised to t=0.5, renormalized (softens over-confident views)."""
     return _normalize((softmax(logits, axis) ** t).mean(axis=0), axis - 1 if axis > 0 else axis)

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from .._config import unknown_choice
+from .._registry import Registry
 from ..errors import TestTimeError
-from .registry import Registry
 
 __all__ = [
     "MODALITIES",
@@ -55,7 +55,9 @@ class Transform:
 
 
 #: "modality:name" -> Transform.
-TRANSFORMS: Registry[Transform] = Registry("TTA transform")
+TRANSFORMS: Registry[Transform] = Registry(
+    "TTA transform", error=TestTimeError, hint="choose the TTA transform from the list"
+)
 
 
 def register_transform(
@@ -65,11 +67,9 @@ def register_transform(
     if modality not in MODALITIES:
         raise ValueError(f"modality must be one of {MODALITIES}, got {modality!r}")
 
-    def deco(fn: ViewFn) -> ViewFn:
-        TRANSFORMS.add(f"{modality}:{name}", Transform(name, modality, fn, invert, random))
-        return fn
-
-    return deco
+    return TRANSFORMS.register_as(
+        f"{modality}:{name}", lambda fn: Transform(name, modality, fn, invert, random)
+    )
 
 
 def transforms_for(modality: str) -> list[str]:

@@ -10,15 +10,17 @@ from collections.abc import Callable
 
 import numpy as np
 
+from .._registry import Registry
 from ..errors import TestTimeError
-from .registry import Registry
 
 __all__ = ["CORRUPTIONS", "SEVERITIES", "corrupt", "gaussian_blur"]
 
 CorruptFn = Callable[[np.ndarray, float, np.random.Generator], np.ndarray]
 
 #: name -> fn(images, parameter, rng).
-CORRUPTIONS: Registry[CorruptFn] = Registry("corruption")
+CORRUPTIONS: Registry[CorruptFn] = Registry(
+    "corruption", error=TestTimeError, hint="choose the corruption from the list"
+)
 
 #: name -> parameter per severity 1..5 (noise std, contrast factor, blur sigma in pixels). Contrast and blur:
 #: the CIFAR-10-C values, meant for small images (the ImageNet-C ones erase an 8x8 digit entirely). Noise:

@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .._registry import Registry
 from ..errors import TestTimeError
-from .registry import Registry
 
 __all__ = ["SUPPORTED_OPS", "OnnxTorchModule", "OpNode"]
 
@@ -52,16 +52,9 @@ class OpNode:
 
 
 #: ONNX op_type -> handler(node, *inputs) returning a tensor or a tuple of tensors (one per node output).
-SUPPORTED_OPS: Registry[Callable[..., Any]] = Registry("ONNX operator")
-
-
-def _register(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for name in names:
-            SUPPORTED_OPS.add(name, fn)
-        return fn
-
-    return deco
+SUPPORTED_OPS: Registry[Callable[..., Any]] = Registry(
+    "ONNX operator", error=TestTimeError, hint="choose the ONNX operator from the list"
+)
 
 
 def _ints(t: Tensor) -> list[int]:
@@ -91,7 +84,7 @@ def _from_numpy(value: np.ndarray) -> Tensor:
     return torch.from_numpy(np.array(value))
 
 
-@_register("Constant")
+@SUPPORTED_OPS.register("Constant")
 def _constant(node: OpNode) -> Tensor:
     (name, value), *_ = ((k, v) for k, v in node.attrs.items() if k.startswith(("value", "sparse")))
     if name == "value":
@@ -109,7 +102,7 @@ def _constant(node: OpNode) -> Tensor:
     return _from_numpy(np.asarray(value, dtype=kinds[name]))
 
 
-@_register("ConstantOfShape")
+@SUPPORTED_OPS.register("ConstantOfShape")
 def _constant_of_shape(node: OpNode, shape: Tensor) -> Tensor:
     value = node.get("value")
     arr = numpy_helper.to_array(value) if value is not None else np.zeros(1, np.float32)
@@ -117,18 +110,18 @@ def _constant_of_shape(node: OpNode, shape: Tensor) -> Tensor:
     return fill.expand(_ints(shape)).clone()
 
 
-@_register("Shape")
+@SUPPORTED_OPS.register("Shape")
 def _shape(node: OpNode, x: Tensor) -> Tensor:
     dims = list(x.shape)[node.get("start", 0) : node.get("end")]  # python slicing clamps like ONNX
     return _from_numpy(np.array(dims, dtype=np.int64))
 
 
-@_register("Size")
+@SUPPORTED_OPS.register("Size")
 def _size(node: OpNode, x: Tensor) -> Tensor:
     return _from_numpy(np.array(x.numel(), dtype=np.int64))
 
 
-@_register("Gather")
+@SUPPORTED_OPS.register("Gather")
 def _gather(node: OpNode, x: Tensor, indices: Tensor) -> Tensor:
     axis = _axis(node["axis"], x.dim())
     idx = indices.long()
@@ -137,7 +130,7 @@ def _gather(node: OpNode, x: Tensor, indices: Tensor) -> Tensor:
     return out.reshape(*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :])
 
 
-@_register("Concat")
+@SUPPORTED_OPS.register("Concat")
 def _concat(node: OpNode, *xs: Tensor) -> Tensor:
     import torch
 
@@ -151,7 +144,7 @@ def _axes(node: OpNode, axes: Tensor | None, input_since: int) -> list[int] | No
     return node.get("axes")
 
 
-@_register("Unsqueeze")
+@SUPPORTED_OPS.register("Unsqueeze")
 def _unsqueeze(node: OpNode, x: Tensor, axes: Tensor | None = None) -> Tensor:
     raw = _axes(node, axes, 13) or []
     rank = x.dim() + len(raw)  # negative axes count from the end of the output
@@ -160,7 +153,7 @@ def _unsqueeze(node: OpNode, x: Tensor, axes: Tensor | None = None) -> Tensor:
     return x
 
 
-@_register("Squeeze")
+@SUPPORTED_OPS.register("Squeeze")
 def _squeeze(node: OpNode, x: Tensor, axes: Tensor | None = None) -> Tensor:
     dims = _axes(node, axes, 13)
     if dims is None:
@@ -169,7 +162,7 @@ def _squeeze(node: OpNode, x: Tensor, axes: Tensor | None = None) -> Tensor:
     return x.reshape([d for i, d in enumerate(x.shape) if i not in drop])
 
 
-@_register("Reshape")
+@SUPPORTED_OPS.register("Reshape")
 def _reshape(node: OpNode, x: Tensor, shape: Tensor) -> Tensor:
     dims = _ints(shape)
     if not node.get("allowzero", 0):
@@ -177,18 +170,18 @@ def _reshape(node: OpNode, x: Tensor, shape: Tensor) -> Tensor:
     return x.reshape(dims)
 
 
-@_register("Flatten")
+@SUPPORTED_OPS.register("Flatten")
 def _flatten(node: OpNode, x: Tensor) -> Tensor:
     axis = _axis(node["axis"], x.dim())
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
-@_register("Transpose")
+@SUPPORTED_OPS.register("Transpose")
 def _transpose(node: OpNode, x: Tensor) -> Tensor:
     return x.permute(*(node.get("perm") or reversed(range(x.dim()))))
 
 
-@_register("Expand")
+@SUPPORTED_OPS.register("Expand")
 def _expand(node: OpNode, x: Tensor, shape: Tensor) -> Tensor:
     import torch
 
@@ -205,7 +198,7 @@ def _slice_axis(x: Tensor, axis: int, start: int, end: int, step: int) -> Tensor
     return x.index_select(axis, idx)
 
 
-@_register("Slice")
+@SUPPORTED_OPS.register("Slice")
 def _slice(
     node: OpNode,
     x: Tensor,
@@ -226,22 +219,22 @@ def _slice(
     return x
 
 
-@_register("Cast")
+@SUPPORTED_OPS.register("Cast")
 def _cast(node: OpNode, x: Tensor) -> Tensor:
     return x.to(_torch_dtype(node["to"]))
 
 
-@_register("CastLike")
+@SUPPORTED_OPS.register("CastLike")
 def _cast_like(node: OpNode, x: Tensor, like: Tensor) -> Tensor:
     return x.to(like.dtype)
 
 
-@_register("Identity")
+@SUPPORTED_OPS.register("Identity")
 def _identity(node: OpNode, x: Tensor) -> Tensor:
     return x
 
 
-@_register("Dropout")
+@SUPPORTED_OPS.register("Dropout")
 def _dropout(node: OpNode, x: Tensor, *_: Tensor) -> Tensor | tuple[Tensor, Tensor]:
     """Identity: Tent adapts the deterministic (inference) network; the mask output is all ones."""
     if len(node.outputs) > 1:
@@ -302,7 +295,6 @@ for _name, _fn in _BINARY.items():
     SUPPORTED_OPS.add(_name, _binary(_fn))
 
 
-@_register("Max", "Min", "Sum", "Mean")
 def _variadic(node: OpNode, *xs: Tensor) -> Tensor:
     import torch
 
@@ -313,46 +305,50 @@ def _variadic(node: OpNode, *xs: Tensor) -> Tensor:
     return out / len(xs) if node.op == "Mean" else out
 
 
-@_register("Where")
+for _name in ("Max", "Min", "Sum", "Mean"):
+    SUPPORTED_OPS.add(_name, _variadic)
+
+
+@SUPPORTED_OPS.register("Where")
 def _where(node: OpNode, cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
     import torch
 
     return torch.where(cond, a, b)
 
 
-@_register("LeakyRelu")
+@SUPPORTED_OPS.register("LeakyRelu")
 def _leaky_relu(node: OpNode, x: Tensor) -> Tensor:
     return x.where(x >= 0, x * node["alpha"])
 
 
-@_register("PRelu")
+@SUPPORTED_OPS.register("PRelu")
 def _prelu(node: OpNode, x: Tensor, slope: Tensor) -> Tensor:
     return x.where(x >= 0, x * slope)
 
 
-@_register("Elu")
+@SUPPORTED_OPS.register("Elu")
 def _elu(node: OpNode, x: Tensor) -> Tensor:
     return x.where(x >= 0, node["alpha"] * x.expm1())
 
 
-@_register("HardSigmoid")
+@SUPPORTED_OPS.register("HardSigmoid")
 def _hard_sigmoid(node: OpNode, x: Tensor) -> Tensor:
     return (node["alpha"] * x + node["beta"]).clamp(0.0, 1.0)
 
 
-@_register("HardSwish")
+@SUPPORTED_OPS.register("HardSwish")
 def _hard_swish(node: OpNode, x: Tensor) -> Tensor:
     return x * (x / 6.0 + 0.5).clamp(0.0, 1.0)
 
 
-@_register("Gelu")
+@SUPPORTED_OPS.register("Gelu")
 def _gelu(node: OpNode, x: Tensor) -> Tensor:
     import torch.nn.functional as F
 
     return F.gelu(x, approximate=node["approximate"])
 
 
-@_register("Clip")
+@SUPPORTED_OPS.register("Clip")
 def _clip(node: OpNode, x: Tensor, low: Tensor | None = None, high: Tensor | None = None) -> Tensor:
     if node.since < 11:
         return x.clamp(node["min"], node["max"])
@@ -386,7 +382,6 @@ _REDUCTIONS: dict[str, tuple[Callable[[Tensor, list[int], bool], Tensor], int]] 
 }
 
 
-@_register(*_REDUCTIONS)
 def _reduce(node: OpNode, x: Tensor, axes: Tensor | None = None) -> Tensor:
     fn, input_since = _REDUCTIONS[node.op]
     dims = _axes(node, axes, input_since) or []
@@ -397,15 +392,19 @@ def _reduce(node: OpNode, x: Tensor, axes: Tensor | None = None) -> Tensor:
     return fn(x, [_axis(d, x.dim()) for d in dims], bool(node["keepdims"]))
 
 
+for _name in _REDUCTIONS:
+    SUPPORTED_OPS.add(_name, _reduce)
+
+
 # --- linear algebra ------------------------------------------------------------------------------------------------
 
 
-@_register("MatMul")
+@SUPPORTED_OPS.register("MatMul")
 def _matmul(node: OpNode, a: Tensor, b: Tensor) -> Tensor:
     return a @ b
 
 
-@_register("Gemm")
+@SUPPORTED_OPS.register("Gemm")
 def _gemm(node: OpNode, a: Tensor, b: Tensor, c: Tensor | None = None) -> Tensor:
     a = a.t() if node["transA"] else a
     b = b.t() if node["transB"] else b
@@ -470,7 +469,7 @@ def _functional(kind: str, n: int) -> Callable[..., Tensor]:
     return getattr(F, f"{kind}{n}d")
 
 
-@_register("Conv")
+@SUPPORTED_OPS.register("Conv")
 def _conv(node: OpNode, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
     spatial = list(x.shape[2:])
     win = _Window.of(node, spatial, node.get("kernel_shape") or list(w.shape[2:]))
@@ -489,7 +488,7 @@ def _pool_input(node: OpNode, x: Tensor) -> tuple[_Window, list[tuple[int, int]]
     return win, [(pb, pe + e) for (pb, pe), e in zip(win.pads, extra, strict=True)]
 
 
-@_register("MaxPool")
+@SUPPORTED_OPS.register("MaxPool")
 def _max_pool(node: OpNode, x: Tensor) -> Tensor:
     if len(node.outputs) > 1 and node.outputs[1]:
         raise TestTimeError("MaxPool's Indices output is not supported by the ONNX -> torch interpreter")
@@ -498,7 +497,7 @@ def _max_pool(node: OpNode, x: Tensor) -> Tensor:
     return pool(_pad(x, pads, float("-inf")), win.kernel, win.strides, 0, win.dilations)
 
 
-@_register("AveragePool")
+@SUPPORTED_OPS.register("AveragePool")
 def _average_pool(node: OpNode, x: Tensor) -> Tensor:
     """Window sums over window counts; the count covers the pads only with ``count_include_pad``."""
     win, pads = _pool_input(node, x)
@@ -514,7 +513,6 @@ def _average_pool(node: OpNode, x: Tensor) -> Tensor:
     return sums / counts
 
 
-@_register("GlobalAveragePool", "GlobalMaxPool")
 def _global_pool(node: OpNode, x: Tensor) -> Tensor:
     dims = list(range(2, x.dim()))
     return (
@@ -522,7 +520,11 @@ def _global_pool(node: OpNode, x: Tensor) -> Tensor:
     )
 
 
-@_register("BatchNormalization")
+for _name in ("GlobalAveragePool", "GlobalMaxPool"):
+    SUPPORTED_OPS.add(_name, _global_pool)
+
+
+@SUPPORTED_OPS.register("BatchNormalization")
 def _batch_norm(node: OpNode, x: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor) -> Tensor:
     """Inference BN, or batch statistics when the module adapts BN (Tent) or the node is in training mode."""
     import torch.nn.functional as F
@@ -532,7 +534,7 @@ def _batch_norm(node: OpNode, x: Tensor, scale: Tensor, bias: Tensor, mean: Tens
     return F.batch_norm(x, mean, var, scale, bias, training=False, eps=node["epsilon"])
 
 
-@_register("Pad")
+@SUPPORTED_OPS.register("Pad")
 def _pad_op(
     node: OpNode,
     x: Tensor,

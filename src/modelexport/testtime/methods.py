@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from .registry import Registry
+from .._registry import Registry
+from ..errors import TestTimeError
 from .sar import sar_adapt, sar_step
 from .streams import MIN_BATCH, Stream
 from .tent import tent_adapt, tent_step
@@ -74,7 +75,11 @@ class AdaptationMethod:
 
 
 #: Test-time training methods by name (``--ttt``).
-ADAPTATION_METHODS: Registry[AdaptationMethod] = Registry("test-time adaptation method")
+ADAPTATION_METHODS: Registry[AdaptationMethod] = Registry(
+    "test-time adaptation method",
+    error=TestTimeError,
+    hint="choose the test-time adaptation method from the list",
+)
 ADAPTATION_METHODS.add("none", AdaptationMethod("no adaptation: the exported model as is"))
 
 

@@ -12,11 +12,11 @@ from typing import Any
 
 from .._config import closest, split_names
 from .._numeric import MAX_SEED, is_seed
+from .._registry import Registry
 from ..errors import TestTimeError
 from .aggregate import AGGREGATORS
 from .augment import MODALITIES, resolve_transform, transform_names, transforms_for
 from .methods import ADAPTATION_METHODS
-from .registry import Registry
 
 __all__ = [
     "MAX_PASSES",
@@ -37,7 +37,9 @@ MAX_MEMORY = 100_000
 VALUE_HINT = "choose a value in the stated range (modelexport evaluate --help lists the test-time options)"
 
 #: Where BN statistics come from (``--statistics``).
-STATISTICS: Registry[str] = Registry("BN statistics source")
+STATISTICS: Registry[str] = Registry(
+    "BN statistics source", error=TestTimeError, hint="choose the BN statistics source from the list"
+)
 STATISTICS.add(
     "memory",
     "robust: a class-balanced memory of the stream's recent examples blended with the source, the batch itself "

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from .._numeric import MAX_SEED, is_seed
+from .._registry import Registry
 from ..errors import TestTimeError
 from .memory import StatisticsMemory
-from .registry import Registry
 from .tail import TailBuffer
 
 __all__ = [
@@ -70,7 +70,9 @@ ORDER_HINT = (
 OrderFn = Callable[[np.ndarray, float, np.random.Generator], np.ndarray]
 
 #: name -> fn(labels, alpha, rng) -> permutation of ``range(len(labels))``.
-ORDERS: Registry[OrderFn] = Registry("stream order")
+ORDERS: Registry[OrderFn] = Registry(
+    "stream order", error=TestTimeError, hint="choose the stream order from the list"
+)
 
 
 @ORDERS.register("as-is")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from .._registry import Registry
 from .._transformers import quiet_loading
 from ..data import Dataset
 from ..errors import ConfigError, ModelNotFoundError, first_line
@@ -119,7 +120,7 @@ class NetworkSpec:
     has_batchnorm: bool = False
 
 
-NETWORKS: dict[str, NetworkSpec] = {}
+NETWORKS: Registry[NetworkSpec] = Registry("model_type")
 
 
 def register_network(
@@ -131,19 +132,14 @@ def register_network(
     has_batchnorm: bool = False,
 ) -> Callable[[Callable[..., Network]], Callable[..., Network]]:
     """Decorator: make ``build(train_dataset, options)`` available as ``--model_type name``."""
-
-    def deco(
-        fn: Callable[[Dataset, NetworkOptions], Network],
-    ) -> Callable[[Dataset, NetworkOptions], Network]:
-        NETWORKS[name] = NetworkSpec(name, kind, fn, description, dict(defaults or {}), has_batchnorm)
-        return fn
-
-    return deco
+    return NETWORKS.register_as(
+        name, lambda fn: NetworkSpec(name, kind, fn, description, dict(defaults or {}), has_batchnorm)
+    )
 
 
 def build_network(model_type: str, dataset: Dataset, options: NetworkOptions | None = None) -> Network:
     """Build the ``model_type`` network sized for ``dataset`` (classes, image size)."""
-    spec = NETWORKS.get(model_type)
+    spec = NETWORKS.find(model_type)
     if spec is None:
         raise ConfigError(f"unknown model_type {model_type!r}; valid: {', '.join(sorted(NETWORKS))}")
     if dataset.kind != spec.kind:

@@ -70,7 +70,7 @@ class PipelineConfig:
     user_set: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
-        spec = NETWORKS.get(self.model_type)
+        spec = NETWORKS.find(self.model_type)
         if spec is None:
             raise ConfigError(
                 f"model_type must be one of {', '.join(sorted(NETWORKS))}, got {self.model_type!r}"

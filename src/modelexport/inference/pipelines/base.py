@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ..._numeric import softmax
-from ...errors import ConfigError, InferenceError
+from ..._registry import Registry
+from ...errors import ConfigError, InferenceError, TaskDetectionError
 from ...metadata.schema import KEY_MODEL_CONFIG, KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
 from ...onnxfile import resolve_model_path
 from ...runtime.session import SessionConfig, SessionInfo
@@ -34,16 +35,15 @@ __all__ = ["ONNXPipeline", "PIPELINES", "register_pipeline", "sigmoid"]
 
 log = logging.getLogger(__name__)
 
-PIPELINES: dict[str, type[ONNXPipeline]] = {}
+PIPELINES: Registry[type[ONNXPipeline]] = Registry("pipeline task", error=TaskDetectionError)
 
 
 def register_pipeline(task: str) -> Callable[[type[ONNXPipeline]], type[ONNXPipeline]]:
-    """Class decorator: the pipeline for ``task``."""
+    """Class decorator: the pipeline for ``task`` (which it also records as the class's ``task``)."""
 
     def deco(cls: type[ONNXPipeline]) -> type[ONNXPipeline]:
         cls.task = task
-        PIPELINES[task] = cls
-        return cls
+        return PIPELINES.add(task, cls)
 
     return deco
 

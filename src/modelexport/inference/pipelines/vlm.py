@@ -172,7 +172,7 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         entry = self.record.get("positions")
         if not entry or "position_ids" not in self.input_names:
             return None
-        scheme = POSITION_SCHEMES.get(str(entry["scheme"]))
+        scheme = POSITION_SCHEMES.find(str(entry["scheme"]))
         if scheme is None:
             raise MetadataError(
                 f"the package's position scheme {entry['scheme']!r} is unknown here "

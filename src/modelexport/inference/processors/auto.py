@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
+from ..._registry import Registry
 from ..._transformers import major_version, transformers_version
 from ...errors import InferenceError, MetadataError
 from ...metadata.build import classify_processor_config, processor_section
@@ -91,17 +92,13 @@ class ProcessorSources:
 
 _Predicate = Callable[[ProcessorSources], bool]
 _Builder = Callable[[ProcessorSources], BaseONNXProcessor]
-PROCESSORS: dict[str, tuple[_Predicate, _Builder]] = {}
+#: Processor kind -> (whether it fits the sources, how to build it); the first that fits wins.
+PROCESSORS: Registry[tuple[_Predicate, _Builder]] = Registry("processor kind", error=MetadataError)
 
 
 def register_processor(name: str, predicate: _Predicate) -> Callable[[_Builder], _Builder]:
     """Register a processor kind: ``predicate(sources)`` says whether it fits, the builder makes it."""
-
-    def deco(builder: _Builder) -> _Builder:
-        PROCESSORS[name] = (predicate, builder)
-        return builder
-
-    return deco
+    return PROCESSORS.register_as(name, lambda builder: (predicate, builder))
 
 
 def _has_text(s: ProcessorSources) -> bool:
