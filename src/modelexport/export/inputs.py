@@ -148,7 +148,7 @@ class ExampleInputs:
     """Concrete tensors plus the specs they came from (names, dynamic axes)."""
 
     specs: tuple[InputSpec, ...]
-    tensors: dict[str, Any]  # ONNX input name -> torch.Tensor
+    tensors: dict[str, torch.Tensor]  # by ONNX input name
     #: Names for the graph outputs; None: named after the reference outputs.
     output_names: tuple[str, ...] | None = None
     #: forward() parameter each spec feeds (None: the spec names are the parameter names)

@@ -185,9 +185,9 @@ class _Example:
 
     batch: dict[str, Any]
     items: list[dict[str, Any]]  # the vision graph's inputs per item, precomputed inputs included
-    features: Any  # every item's image features, concatenated
-    embeds: Any  # the prompts' embeddings with the image features merged in
-    positions: Any | None
+    features: torch.Tensor  # every item's image features, concatenated
+    embeds: torch.Tensor  # the prompts' embeddings with the image features merged in
+    positions: torch.Tensor | None
 
 
 @contextlib.contextmanager

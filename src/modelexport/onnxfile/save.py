@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from .._io import atomic_path, onnx_weight_bytes
 from ..errors import OnnxFileError
@@ -33,6 +33,8 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 #: Tensors smaller than this stay inside the structure file (onnx's own default threshold).
 _INLINE_BYTES = 1024
 _CHUNK = 64 << 20
+#: The messages whose big field :func:`_without` leaves out.
+_Proto = TypeVar("_Proto", "onnx.GraphProto", "onnx.ModelProto")
 
 
 def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
@@ -103,7 +105,7 @@ def _reference(tensor: onnx.TensorProto, location: str, offset: int, length: int
     return ref
 
 
-def _without(message: Any, skip: str) -> Any:
+def _without(message: _Proto, skip: str) -> _Proto:
     """A copy of ``message`` without its field ``skip`` (the big field is never copied)."""
     out = type(message)()
     for f, value in message.ListFields():
