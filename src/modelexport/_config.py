@@ -17,7 +17,7 @@ def split_names(value: str | Iterable[Any] | None) -> tuple[str, ...]:
     return tuple(s for s in (str(v).strip() for v in items) if s)
 
 
-def closest(value: Any, valid: Iterable[str], synonyms: Mapping[str, str] | None = None) -> str | None:
+def closest(value: object, valid: Iterable[str], synonyms: Mapping[str, str] | None = None) -> str | None:
     """The valid name ``value`` was most likely meant to be (a typo, another case, a common synonym), or None."""
     names = list(valid)
     key = str(value).strip().lower()
@@ -31,7 +31,7 @@ def closest(value: Any, valid: Iterable[str], synonyms: Mapping[str, str] | None
 
 
 def unknown_choice(
-    kind: str, value: Any, valid: Iterable[str], synonyms: Mapping[str, str] | None = None
+    kind: str, value: object, valid: Iterable[str], synonyms: Mapping[str, str] | None = None
 ) -> str:
     """The one message for an unknown name: what was given, the closest valid one, and every valid one."""
     names = list(dict.fromkeys(valid))

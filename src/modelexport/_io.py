@@ -10,9 +10,12 @@ import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ModelExportError, OutputWriteError
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "atomic_path",
@@ -111,7 +114,7 @@ def read_json_object(path: Path, error: type[ModelExportError], hint: str) -> di
     return data
 
 
-def write_json(path: str | os.PathLike[str], data: Any) -> Path:
+def write_json(path: str | os.PathLike[str], data: object) -> Path:
     """Write ``data`` as indented JSON, atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
@@ -125,7 +128,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     return Path(path)
 
 
-def onnx_weight_bytes(model: Any) -> int:
+def onnx_weight_bytes(model: onnx.ModelProto) -> int:
     """Bytes of a ModelProto's initializers, from their shapes.
 
     Decides whether a model needs external data (protobuf's 2 GB limit). ``ByteSize()`` or reading

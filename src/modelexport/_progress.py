@@ -47,7 +47,7 @@ class LineProgress:
         leave: bool = True,
         disable: bool = False,
         file: TextIO | None = None,
-        **_: Any,
+        **_: object,
     ) -> None:
         self.iterable = iterable
         self.total = total if total is not None else _length(iterable)
@@ -76,7 +76,7 @@ class LineProgress:
             self._write()
 
     def set_postfix(
-        self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True, **kwargs: Any
+        self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True, **kwargs: object
     ) -> None:
         items = {**(ordered_dict or {}), **kwargs}
         self.postfix = ", ".join(f"{k}={v}" for k, v in items.items())

@@ -13,9 +13,12 @@ import logging
 from collections.abc import Iterable, Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import first_line
+
+if TYPE_CHECKING:
+    from transformers.processing_utils import ProcessorMixin
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ def cache_parameter(parameters: Iterable[str]) -> str | None:
     return next((p for p in CACHE_PARAMETERS if p in names), None)
 
 
-def output_cache(output: Any) -> Any:
+def output_cache(output: object) -> Any:
     """The cache a model output carries (``output.cache`` on transformers 5, ``past_key_values`` on 4)."""
     for name in CACHE_PARAMETERS:
         value = output.get(name) if hasattr(output, "get") else getattr(output, name, None)
@@ -167,11 +170,11 @@ def _without_missing_backends(folder: Path, error: ImportError) -> Any:
 
 
 @contextlib.contextmanager
-def _accepting_none(cls: Any, names: set[str]) -> Iterator[None]:
+def _accepting_none(cls: type[ProcessorMixin], names: set[str]) -> Iterator[None]:
     """While the block runs, ``cls``'s class check of its sub-processors accepts None for ``names``."""
     original = cls.check_argument_for_proper_class
 
-    def check(self: Any, argument_name: str, argument: Any) -> Any:
+    def check(self: ProcessorMixin, argument_name: str, argument: object) -> Any:
         if argument is None and argument_name in names:
             return None
         return original(self, argument_name, argument)

@@ -46,7 +46,7 @@ def __dir__() -> list[str]:
 class _CallablePackage(types.ModuleType):
     """The ``modelexport.export`` package, callable as the ``export`` function it holds."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> ExportResult:
+    def __call__(self, *args: object, **kwargs: object) -> ExportResult:
         return __getattr__("export")(*args, **kwargs)
 
 

@@ -302,7 +302,7 @@ def export(
     config: ExportConfig | None = None,
     *,
     on_stage: Callable[[str], None] | None = None,
-    **options: Any,
+    **options: object,
 ) -> ExportResult:
     """Export ``model`` (nn.Module, HF folder or hub id, ``file.py:factory``) to ``output_dir``.
 

@@ -12,13 +12,19 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from .._registry import Registry
 from ..errors import ExportError, FixedAxisError, InputSpecError, UnsupportedOperatorError, first_line
 from .experts import every_expert_runs
 from .inputs import ExampleInputs, OtherSize
 from .parity import flatten_outputs
+
+if TYPE_CHECKING:
+    import onnx
+    import onnx_ir
+    import torch
 
 __all__ = ["CaptureSettings", "EXPORTER_REGISTRY", "capture"]
 
@@ -58,7 +64,7 @@ def _quiet() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def training_modes(model: Any, keep_dropout: bool) -> Iterator[None]:
+def training_modes(model: torch.nn.Module, keep_dropout: bool) -> Iterator[None]:
     """Put the model in its export state and restore it afterwards.
 
     eval() everything (with ``keep_dropout``, Dropout layers stay in train mode: MC dropout), and
@@ -86,7 +92,7 @@ def training_modes(model: Any, keep_dropout: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _no_grad(model: Any) -> Iterator[None]:
+def _no_grad(model: torch.nn.Module) -> Iterator[None]:
     """Capture an inference graph: no autograd, parameters not requiring grad.
 
     With grad enabled, torch.export records autograd-only ops (relative position bias tables,
@@ -116,7 +122,12 @@ def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
     return _to_onnx(model, inputs, s, dynamic).model_proto
 
 
-def _to_onnx(model: Any, inputs: ExampleInputs, s: CaptureSettings, dynamic: Any = None) -> Any:
+def _to_onnx(
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    inputs: ExampleInputs,
+    s: CaptureSettings,
+    dynamic: dict[str, Any] | None = None,
+) -> torch.onnx.ONNXProgram:
     """torch.onnx's dynamo export of a module or of an ``ExportedProgram`` (the same translation)."""
     import torch
 
@@ -135,7 +146,9 @@ def _to_onnx(model: Any, inputs: ExampleInputs, s: CaptureSettings, dynamic: Any
     )
 
 
-def _program_with_free_axes(model: Any, inputs: ExampleInputs, other: OtherSize) -> Any:
+def _program_with_free_axes(
+    model: torch.nn.Module, inputs: ExampleInputs, other: OtherSize
+) -> torch.export.ExportedProgram:
     """torch.export's program with the free axes left to torch (``Dim.AUTO``), run at the other size before
     the ONNX translation (the costly half): a program that holds only the example's size there (a guard on
     it, a size baked in) raises :class:`FixedAxisError` after a second rather than after the whole export."""
@@ -187,7 +200,7 @@ def _cpu_time_limit(seconds: float | None) -> Iterator[None]:
 
     armed = [True]
 
-    def expire(signum: int, frame: Any) -> None:
+    def expire(signum: int, frame: FrameType | None) -> None:
         if armed[0]:  # a signal still pending when the block ended is ignored
             raise _OutOfTime
 
@@ -203,7 +216,7 @@ def _cpu_time_limit(seconds: float | None) -> Iterator[None]:
             signal.signal(signal.SIGVTALRM, previous)
 
 
-def _axis_names(model: Any, inputs: ExampleInputs) -> dict[str, str]:
+def _axis_names(model: onnx_ir.Model, inputs: ExampleInputs) -> dict[str, str]:
     """torch's symbol -> our name for each dynamic input axis of ``model`` (an ``onnx_ir`` model); a free
     axis torch fixed, or two names on one symbol, is a :class:`FixedAxisError`."""
     wanted = inputs.axis_names()
@@ -219,7 +232,7 @@ def _axis_names(model: Any, inputs: ExampleInputs) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _forward_taking_only(model: Any, names: list[str]) -> Iterator[None]:
+def _forward_taking_only(model: torch.nn.Module, names: list[str]) -> Iterator[None]:
     """Give ``model.forward`` a signature of exactly ``names`` while tracing; restore it after.
 
     The torchscript exporter turns keyword inputs into positional ones by filling in every
@@ -231,7 +244,7 @@ def _forward_taking_only(model: Any, names: list[str]) -> Iterator[None]:
     original = model.forward
     params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in names]
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
+    def forward(*args: object, **kwargs: object) -> Any:
         bound = dict(zip(names, args, strict=False))
         return original(**bound, **kwargs)
 
@@ -284,7 +297,7 @@ def _unsupported_op(text: str) -> str | None:
     return None
 
 
-def capture(model: Any, inputs: ExampleInputs, settings: CaptureSettings) -> Any:
+def capture(model: torch.nn.Module, inputs: ExampleInputs, settings: CaptureSettings) -> onnx.ModelProto:
     """Export ``model`` with the chosen exporter and return the ``onnx.ModelProto``; typed errors."""
     fn = EXPORTER_REGISTRY[settings.exporter]
     try:

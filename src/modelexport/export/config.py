@@ -62,7 +62,7 @@ _ITEMSIZE = {
 _DTYPES = tuple(_ITEMSIZE)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -276,7 +276,7 @@ class ExportConfig:
         """The parity tolerance: ``atol``, else the export dtype's default."""
         return self.atol if self.atol is not None else DEFAULT_ATOL[self.dtype]
 
-    def with_changes(self, **changes: Any) -> ExportConfig:
+    def with_changes(self, **changes: object) -> ExportConfig:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:

@@ -7,11 +7,14 @@ run, so the captured graph, the reference outputs and the parity check are all i
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from .config import ExportConfig, InputSpec
 from .inputs import ExampleInputs
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["check_device", "place_model", "place_inputs"]
 
@@ -36,7 +39,7 @@ def _changes(cfg: ExportConfig) -> bool:
     return cfg.dtype != "float32" or cfg.device != "cpu"
 
 
-def place_model(module: Any, cfg: ExportConfig) -> Any:
+def place_model(module: torch.nn.Module, cfg: ExportConfig) -> torch.nn.Module:
     """The model on ``cfg.device`` with floating-point weights in ``cfg.dtype`` (in place, as ``.to`` does)."""
     if not _changes(cfg):
         return module
@@ -53,7 +56,7 @@ def place_inputs(inputs: ExampleInputs, cfg: ExportConfig) -> ExampleInputs:
 
     dtype = getattr(torch, cfg.dtype)
 
-    def move(t: Any) -> Any:
+    def move(t: torch.Tensor) -> torch.Tensor:
         return t.to(device=torch.device(cfg.device), dtype=dtype if t.is_floating_point() else t.dtype)
 
     def spec(s: InputSpec) -> InputSpec:

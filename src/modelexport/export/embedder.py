@@ -7,7 +7,7 @@ Separate from :mod:`.sentence` (which reads the folder) so that ``import modelex
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -15,38 +15,41 @@ from torch import nn
 from ..errors import InvalidModelError
 from .sentence import SENTENCE_OUTPUTS, SentenceFolder
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 __all__ = ["POOLING_MODES", "Pooling", "Normalize", "SentenceEmbedder"]
 
 #: (token embeddings [B, T, H], float mask [B, T, 1]) -> [B, H]; each as sentence-transformers'
 #: ``Pooling._forward_padded`` computes it (same clamps, same -inf fill).
-PoolFn = Callable[[Any, Any], Any]
+PoolFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def _mean_parts(tokens: Any, mask: Any) -> tuple[Any, Any]:
+def _mean_parts(tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (tokens * mask).sum(dim=1), torch.clamp(mask.sum(dim=1), min=1e-9)
 
 
-def _cls(tokens: Any, mask: Any) -> Any:
+def _cls(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     first = mask[..., 0].to(torch.int32).argmax(dim=1)  # first real token: 0, or after left padding
     index = first.view(-1, 1, 1).expand(-1, 1, tokens.shape[-1])
     return torch.gather(tokens, 1, index).squeeze(1)
 
 
-def _max(tokens: Any, mask: Any) -> Any:
+def _max(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return tokens.masked_fill(mask == 0, float("-inf")).max(dim=1).values
 
 
-def _mean(tokens: Any, mask: Any) -> Any:
+def _mean(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     total, count = _mean_parts(tokens, mask)
     return total / count
 
 
-def _mean_sqrt_len(tokens: Any, mask: Any) -> Any:
+def _mean_sqrt_len(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     total, count = _mean_parts(tokens, mask)
     return total / torch.sqrt(count)
 
 
-def _weighted_mean(tokens: Any, mask: Any) -> Any:
+def _weighted_mean(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Weights 1, 2, ... from the first real token, as sentence-transformers 6 counts them (5.x counted from
     position 0 of a left-padded row in its padded path, but from the first token in its packed path)."""
     positions = torch.arange(1, tokens.shape[1] + 1, device=tokens.device, dtype=tokens.dtype)
@@ -55,7 +58,7 @@ def _weighted_mean(tokens: Any, mask: Any) -> Any:
     return (tokens * weighted).sum(dim=1) / torch.clamp(weighted.sum(dim=1), min=1e-9)
 
 
-def _last_token(tokens: Any, mask: Any) -> Any:
+def _last_token(tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     seq_len = tokens.shape[1]
     values, indices = mask[..., 0].to(torch.int32).flip(1).max(1)
     indices = torch.where(values == 0, seq_len - 1, indices)
@@ -86,7 +89,7 @@ class Pooling(nn.Module):
             )
         self.modes = modes
 
-    def forward(self, token_embeddings: Any, attention_mask: Any) -> Any:
+    def forward(self, token_embeddings: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         mask = attention_mask.unsqueeze(-1).to(token_embeddings.dtype)
         return torch.cat([POOLING_MODES[m](token_embeddings, mask) for m in self.modes], dim=-1)
 
@@ -94,7 +97,7 @@ class Pooling(nn.Module):
 class Normalize(nn.Module):
     """Unit L2 length per sentence embedding."""
 
-    def forward(self, embeddings: Any) -> Any:
+    def forward(self, embeddings: torch.Tensor) -> torch.Tensor:
         return nn.functional.normalize(embeddings, p=2, dim=1)
 
 
@@ -104,7 +107,7 @@ class SentenceEmbedder(nn.Module):
     ``config`` and ``main_input_name`` are the transformer's, so example inputs are built as for it.
     """
 
-    def __init__(self, transformer: Any, folder: SentenceFolder) -> None:
+    def __init__(self, transformer: PreTrainedModel, folder: SentenceFolder) -> None:
         super().__init__()
         self.transformer = transformer
         self.pooling = Pooling(folder.pooling)
@@ -112,7 +115,7 @@ class SentenceEmbedder(nn.Module):
         self.config = transformer.config
         self.main_input_name = getattr(transformer, "main_input_name", "input_ids")
 
-    def forward(self, input_ids: Any, attention_mask: Any) -> dict[str, Any]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         tokens = self.transformer(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
         sentence = self.pooling(tokens, attention_mask)
         if self.normalize is not None:

@@ -18,8 +18,11 @@ one weight matrix per token: during capture the model runs its ``"eager"`` imple
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["EXPERT_ROUTE", "EAGER_EXPERTS", "eager_experts", "expert_blocks", "every_expert_runs"]
 
@@ -32,7 +35,7 @@ EXPERT_ROUTE = (
 )
 
 
-def _expert_count(module: Any) -> int:
+def _expert_count(module: torch.nn.Module) -> int:
     """How many experts ``module`` loops over (0: it is not an expert block)."""
     import torch.nn as nn
 
@@ -46,14 +49,14 @@ def _expert_count(module: Any) -> int:
     return 0
 
 
-def expert_blocks(model: Any) -> list[Any]:
+def expert_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Modules that loop over their experts: an ``experts`` ``nn.ModuleList``, or transformers 5's experts
     modules (``num_experts`` stacked weights dispatched by ``config._experts_implementation``)."""
     return [m for m in model.modules() if _expert_count(m)]
 
 
 @contextlib.contextmanager
-def eager_experts(model: Any) -> Iterator[None]:
+def eager_experts(model: torch.nn.Module) -> Iterator[None]:
     """transformers 5: the model's experts run their ``"eager"`` loop while the block runs (the export's
     reference run, capture and parity check all use it; the user's model gets its own setting back)."""
     config = getattr(model, "config", None)
@@ -72,7 +75,7 @@ def eager_experts(model: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def every_expert_runs(model: Any) -> Iterator[int]:
+def every_expert_runs(model: torch.nn.Module) -> Iterator[int]:
     """While active, ``nonzero()`` of a 1-D boolean with one entry per expert, called inside an expert
     block, returns every expert index; yields the number of expert blocks (0: nothing changes)."""
     import torch
@@ -84,7 +87,7 @@ def every_expert_runs(model: Any) -> Iterator[int]:
         return
     active: list[Any] = []  # the block being run: its expert count and the hit list it gets
 
-    def hit_list(module: Any) -> tuple[int, list[Any]]:
+    def hit_list(module: torch.nn.Module) -> tuple[int, list[Any]]:
         """Python-side indices, so that iterating them and indexing the experts stays static under tracing:
         1-element tensors for a ``ModuleList`` (``experts[idx]``, ``mask[idx].squeeze(0)``), ``[i]`` for
         stacked weights, whose loop reads ``idx[0]`` and compares it with the sentinel in Python."""
@@ -94,7 +97,13 @@ def every_expert_runs(model: Any) -> Iterator[int]:
         return n, [[i] for i in range(n)]
 
     class _EveryExpert(TorchFunctionMode):
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_function__(
+            self,
+            func: Callable[..., Any],
+            types: Collection[type],
+            args: Sequence[Any] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
             kwargs = kwargs or {}
             if active and func in (torch.Tensor.nonzero, torch.nonzero) and not kwargs:
                 t, (n, every) = args[0], active[-1]
@@ -103,10 +112,10 @@ def every_expert_runs(model: Any) -> Iterator[int]:
                     return every
             return func(*args, **kwargs)
 
-    def enter(module: Any, _args: Any) -> None:
+    def enter(module: torch.nn.Module, _args: tuple[object, ...]) -> None:
         active.append(hit_list(module))
 
-    def leave(_module: Any, _args: Any, _out: Any) -> None:
+    def leave(_module: torch.nn.Module, _args: tuple[object, ...], _out: object) -> None:
         active.pop()
 
     handles = [

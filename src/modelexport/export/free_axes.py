@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,7 +111,13 @@ def _call_counter() -> Any:
     class CallCounter(TorchFunctionMode):
         calls = 0
 
-        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        def __torch_function__(
+            self,
+            func: Callable[..., Any],
+            types: Collection[type],
+            args: Sequence[Any] = (),
+            kwargs: dict[str, Any] | None = None,
+        ) -> Any:
             self.calls += 1
             return func(*args, **(kwargs or {}))
 

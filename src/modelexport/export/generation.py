@@ -11,6 +11,7 @@ layer as Optimum zips them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -23,7 +24,8 @@ from .parity import check_parity, flatten_outputs, runner_for
 
 if TYPE_CHECKING:
     import torch
-    from transformers.cache_utils import Cache
+    from torch.utils._pytree import FlattenFn, FlattenWithKeysFn, KeyEntry, UnflattenFn
+    from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 
 __all__ = [
     "WITH_PAST_SUFFIX",
@@ -69,18 +71,18 @@ def is_encoder_decoder(module: torch.nn.Module) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- pytree
-def _flatten(cache: Any) -> tuple[list[Any], Any]:
+def _flatten(cache: Cache) -> tuple[list[torch.Tensor], int]:
     return [t for layer in cache.layers for t in (layer.keys, layer.values)], len(cache.layers)
 
 
-def _flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], Any]:
+def _flatten_with_keys(cache: Cache) -> tuple[list[tuple[KeyEntry, torch.Tensor]], int]:
     import torch.utils._pytree as pytree
 
     leaves, context = _flatten(cache)
     return [(pytree.SequenceKey(i), t) for i, t in enumerate(leaves)], context
 
 
-def _unflatten(values: Any, context: Any) -> Any:
+def _unflatten(values: Iterable[torch.Tensor], context: int) -> DynamicCache:
     """Rebuild the cache with its layers already initialised (no empty-tensor constants in the graph)."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -95,17 +97,17 @@ def _unflatten(values: Any, context: Any) -> Any:
     return cache
 
 
-def dynamic_cache_leaves(cache: Any) -> list[Any]:
+def dynamic_cache_leaves(cache: Cache) -> list[torch.Tensor]:
     """A ``DynamicCache``'s tensors, per layer key then value (Optimum's order of ``present.{i}.*``)."""
     return _flatten(cache)[0]
 
 
-def dynamic_cache(values: Any, layers: int) -> Any:
+def dynamic_cache(values: Iterable[torch.Tensor], layers: int) -> DynamicCache:
     """A ``DynamicCache`` of ``layers`` filled layers from :func:`dynamic_cache_leaves`' order."""
     return _unflatten(values, layers)
 
 
-def encoder_decoder_leaves(cache: Any) -> tuple[list[Any], Any]:
+def encoder_decoder_leaves(cache: EncoderDecoderCache) -> tuple[list[torch.Tensor], int]:
     """An encoder-decoder cache, per layer as Optimum zips it: self-attention key, value, cross key, value."""
     own, cross = cache.self_attention_cache.layers, cache.cross_attention_cache.layers
     return [t for a, b in zip(own, cross, strict=True) for t in (a.keys, a.values, b.keys, b.values)], len(
@@ -113,14 +115,14 @@ def encoder_decoder_leaves(cache: Any) -> tuple[list[Any], Any]:
     )
 
 
-def _pair_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], Any]:
+def _pair_with_keys(cache: EncoderDecoderCache) -> tuple[list[tuple[KeyEntry, torch.Tensor]], int]:
     import torch.utils._pytree as pytree
 
     leaves, context = encoder_decoder_leaves(cache)
     return [(pytree.SequenceKey(i), t) for i, t in enumerate(leaves)], context
 
 
-def encoder_decoder_cache(values: Any, context: Any) -> Any:
+def encoder_decoder_cache(values: Iterable[torch.Tensor], context: int) -> EncoderDecoderCache:
     """Both caches rebuilt filled; the cross-attention one marked computed, so the graph reads it."""
     from transformers.cache_utils import EncoderDecoderCache
 
@@ -132,7 +134,9 @@ def encoder_decoder_cache(values: Any, context: Any) -> Any:
     return cache
 
 
-def _register(cls: Any, flatten: Any, unflatten: Any, with_keys: Any) -> None:
+def _register(
+    cls: type[Cache], flatten: FlattenFn, unflatten: UnflattenFn, with_keys: FlattenWithKeysFn
+) -> None:
     import torch.utils._pytree as pytree
 
     current = pytree.SUPPORTED_NODES.get(cls)
@@ -295,7 +299,7 @@ def build_with_past_inputs(module: torch.nn.Module, cfg: ExportConfig) -> CacheI
     )
 
 
-def _specs(tensors: dict[str, Any], past_names: list[str], vocab: int) -> list[InputSpec]:
+def _specs(tensors: dict[str, torch.Tensor], past_names: list[str], vocab: int) -> list[InputSpec]:
     text = {0: "batch_size", 1: "sequence_length"}
     axes: dict[str, tuple[dict[int, str], tuple[float, float] | None]] = {
         "input_ids": (text, (0, vocab)),

@@ -13,11 +13,16 @@ import json
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._registry import Registry
 from ..errors import InputSpecError, first_line
 from .config import ExportConfig, InputSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 __all__ = [
     "ExampleInputs",
@@ -66,7 +71,7 @@ def input_generator(
     )
 
 
-def modality_config(config: Any, name: str) -> Any | None:
+def modality_config(config: PretrainedConfig | None, name: str) -> PretrainedConfig | None:
     """The sub-config of ``name``'s modality (``text_config``...), or None for single-modality configs."""
     gen = _INPUT_GENERATORS.find(name)
     sub = getattr(config, f"{gen.modality if gen else ''}_config", None)
@@ -79,7 +84,7 @@ def _text_shape(cfg: ExportConfig) -> tuple[int, int]:
     return BATCH, SEQ
 
 
-def _vocab(config: Any) -> int:
+def _vocab(config: PretrainedConfig) -> int:
     return int(getattr(config, "vocab_size", None) or 100)
 
 
@@ -105,7 +110,7 @@ def _token_types(config: Any, cfg: ExportConfig) -> InputSpec | None:
     return InputSpec("token_type_ids", (b, s), "int64", {0: "batch_size", 1: "sequence_length"}, (0, 1))
 
 
-def _image_size(config: Any) -> int:
+def _image_size(config: PretrainedConfig) -> int:
     size = getattr(config, "image_size", None) or 64
     return int(size[0] if isinstance(size, (list, tuple)) else size)
 
@@ -149,7 +154,7 @@ class ExampleInputs:
     """Concrete tensors plus the specs they came from (names, dynamic axes)."""
 
     specs: tuple[InputSpec, ...]
-    tensors: dict[str, Any]  # ONNX input name -> torch.Tensor
+    tensors: dict[str, torch.Tensor]  # by ONNX input name
     #: Names for the graph outputs; None: named after the reference outputs.
     output_names: tuple[str, ...] | None = None
     #: forward() parameter each spec feeds (None: the spec names are the parameter names)
@@ -249,7 +254,7 @@ class ExampleInputs:
         return {k: tensor_to_numpy(v) for k, v in self.tensors.items()}
 
     @contextlib.contextmanager
-    def bind(self, module: Any) -> Iterator[None]:
+    def bind(self, module: torch.nn.Module) -> Iterator[None]:
         """While the graph is captured and checked: what ``module`` runs. Its own ``forward`` here;
         inputs of one step of a multi-graph export put that step in its place."""
         yield
@@ -294,7 +299,9 @@ class OtherSize:
         return f"{what} differs from PyTorch at {self.label} by {worst:.3g}" if worst > 0 else None
 
 
-def _excess(got: Any, want: Any, atol: float, scaled: bool) -> float:
+def _excess(
+    got: torch.Tensor | np.ndarray, want: torch.Tensor | np.ndarray, atol: float, scaled: bool
+) -> float:
     """How far beyond the bound ``got`` is from ``want`` (0 when within), the bound as parity sets it."""
     import numpy as np
 
@@ -306,7 +313,7 @@ def _excess(got: Any, want: Any, atol: float, scaled: bool) -> float:
     return diff if diff > bound else 0.0
 
 
-def tensor_to_numpy(tensor: Any) -> Any:
+def tensor_to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """A torch tensor as a numpy array on the CPU; bfloat16 (which numpy lacks) as ``ml_dtypes.bfloat16``,
     the type ONNX's own tools use."""
     import torch
@@ -319,13 +326,13 @@ def tensor_to_numpy(tensor: Any) -> Any:
     return t.numpy()
 
 
-def forward_parameters(module: Any) -> list[inspect.Parameter]:
+def forward_parameters(module: torch.nn.Module) -> list[inspect.Parameter]:
     """``forward``'s parameters (without ``self``, ``*args``, ``**kwargs``)."""
     sig = inspect.signature(module.forward)
     return [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
-def input_specs_hint(module: Any, tried: tuple[InputSpec, ...] | list[InputSpec] = ()) -> str:
+def input_specs_hint(module: torch.nn.Module, tried: tuple[InputSpec, ...] | list[InputSpec] = ()) -> str:
     """An ``--input-specs`` example built from ``forward``'s real parameters: the inputs tried (with
     their shapes), else the required parameters (shapes to fill in)."""
     params = forward_parameters(module)
@@ -346,7 +353,7 @@ def input_specs_hint(module: Any, tried: tuple[InputSpec, ...] | list[InputSpec]
     )
 
 
-def _make_tensor(spec: InputSpec, seed: int) -> Any:
+def _make_tensor(spec: InputSpec, seed: int) -> torch.Tensor:
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -363,7 +370,7 @@ def _make_tensor(spec: InputSpec, seed: int) -> Any:
     return torch.randint(int(lo), max(int(hi), int(lo) + 1), spec.shape, generator=gen, dtype=dtype)
 
 
-def _wanted_inputs(module: Any, params: list[str]) -> list[str]:
+def _wanted_inputs(module: torch.nn.Module, params: list[str]) -> list[str]:
     """The main input; for multimodal configs (a sub-config per modality) every modality's main
     input forward takes; text masks and type ids with text; the decoder's ids for encoder-decoders."""
     config = module.config
@@ -377,7 +384,7 @@ def _wanted_inputs(module: Any, params: list[str]) -> list[str]:
     return wanted
 
 
-def _spec_for(config: Any, name: str, cfg: ExportConfig) -> InputSpec | None:
+def _spec_for(config: PretrainedConfig, name: str, cfg: ExportConfig) -> InputSpec | None:
     gen = _INPUT_GENERATORS.find(name)
     if gen is None:
         raise InputSpecError(f"no example generator for input {name!r}; give --input-specs")
@@ -385,21 +392,21 @@ def _spec_for(config: Any, name: str, cfg: ExportConfig) -> InputSpec | None:
     return None if spec is None else InputSpec(name, spec.shape, spec.dtype, spec.dynamic_axes, spec.range)
 
 
-def _hf_specs(module: Any, cfg: ExportConfig, params: list[str]) -> list[InputSpec]:
+def _hf_specs(module: torch.nn.Module, cfg: ExportConfig, params: list[str]) -> list[InputSpec]:
     specs = [_spec_for(module.config, name, cfg) for name in _wanted_inputs(module, params)]
     return [s for s in specs if s is not None]
 
 
 def hf_example(
-    config: Any, names: list[str], cfg: ExportConfig, seed: int = 0
-) -> tuple[list[InputSpec], dict[str, Any]]:
+    config: PretrainedConfig, names: list[str], cfg: ExportConfig, seed: int = 0
+) -> tuple[list[InputSpec], dict[str, torch.Tensor]]:
     """Specs and seeded tensors for the named transformers inputs (e.g. an encoder's own inputs)."""
     specs = [s for s in (_spec_for(config, n, cfg) for n in names) if s is not None]
     return specs, {s.name: _make_tensor(s, seed + i) for i, s in enumerate(specs)}
 
 
 #: First-layer type -> (input shape, dtype, dynamic axes, range) for plain nn.Modules.
-def _first_layer_spec(module: Any, name: str) -> InputSpec | None:
+def _first_layer_spec(module: torch.nn.Module, name: str) -> InputSpec | None:
     import torch.nn as nn
 
     for sub in module.modules():
@@ -432,12 +439,14 @@ def _apply_shape_override(specs: list[InputSpec], cfg: ExportConfig) -> list[Inp
     return [InputSpec(first.name, cfg.input_shape, first.dtype, first.dynamic_axes, first.range), *specs[1:]]
 
 
-def _tokenize_text(text: str, tokenizer: Any, names: set[str]) -> dict[str, Any]:
+def _tokenize_text(text: str, tokenizer: PreTrainedTokenizerBase, names: set[str]) -> dict[str, torch.Tensor]:
     enc = tokenizer([text, text], return_tensors="pt")
     return {k: v for k, v in enc.items() if k in names}
 
 
-def _parameters_for(specs: list[InputSpec], params: list[inspect.Parameter], module: Any) -> list[str]:
+def _parameters_for(
+    specs: list[InputSpec], params: list[inspect.Parameter], module: torch.nn.Module
+) -> list[str]:
     """The forward() parameter each spec feeds: by name when every name is a parameter, else by
     position, as ``torch.onnx.export``'s ``input_names`` (the spec names stay the ONNX input names)."""
     names = [p.name for p in params]
@@ -454,7 +463,9 @@ def _parameters_for(specs: list[InputSpec], params: list[inspect.Parameter], mod
     return positional[: len(specs)]
 
 
-def _check_against_signature(given: list[str], params: list[inspect.Parameter], module: Any) -> None:
+def _check_against_signature(
+    given: list[str], params: list[inspect.Parameter], module: torch.nn.Module
+) -> None:
     missing = [p.name for p in params if p.default is inspect.Parameter.empty and p.name not in given]
     if missing:
         raise InputSpecError(
@@ -471,7 +482,10 @@ def _with_default_axes(spec: InputSpec) -> InputSpec:
 
 
 def build_inputs(
-    module: Any, cfg: ExportConfig, tokenizer: Any | None = None, seed: int = 0
+    module: torch.nn.Module,
+    cfg: ExportConfig,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    seed: int = 0,
 ) -> ExampleInputs:
     """Build example inputs: explicit specs win, then HF conventions, then the first layer's shape."""
     params = forward_parameters(module)

@@ -68,7 +68,7 @@ def portable_name(name_or_path: str | None) -> str | None:
     return f"{Path(path).name}{sep}{factory}" if Path(path).is_absolute() else name_or_path
 
 
-def _is_hf_model(module: Any) -> bool:
+def _is_hf_model(module: object) -> bool:
     try:
         from transformers import PreTrainedModel
     except ImportError:  # pragma: no cover
@@ -76,7 +76,7 @@ def _is_hf_model(module: Any) -> bool:
     return isinstance(module, PreTrainedModel)
 
 
-def _check_module(obj: Any, origin: str) -> Any:
+def _check_module(obj: object, origin: str) -> torch.nn.Module:
     import torch
 
     if not isinstance(obj, torch.nn.Module):
@@ -116,13 +116,13 @@ def _load_factory(spec: str) -> LoadedModel:
     return LoadedModel(_check_module(obj, spec), "factory", name_or_path=spec)
 
 
-def _is_module_instance(obj: Any) -> bool:
+def _is_module_instance(obj: object) -> bool:
     import torch
 
     return isinstance(obj, torch.nn.Module)
 
 
-def _hf_model_class(config: Any) -> Any:
+def _hf_model_class(config: PretrainedConfig) -> type:
     """The transformers class named by the config's ``architectures``, else ``AutoModel``."""
     import transformers
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +17,9 @@ from .._registry import Registry
 from ..errors import ParityError
 from ..runtime.session import create_session
 from .inputs import tensor_to_numpy
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ParityReport",
@@ -56,14 +59,14 @@ def runner_for(dtype: str) -> str:
     return "onnx-reference" if dtype == "bfloat16" else "onnxruntime"
 
 
-def flatten_outputs(out: Any) -> list[tuple[str, Any]]:
+def flatten_outputs(out: object) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) pairs in the order torch.onnx flattens them; ModelOutput keys become names."""
     import torch
     import torch.utils._pytree as pytree
 
-    flat: list[tuple[str, Any]] = []
+    flat: list[tuple[str, torch.Tensor]] = []
 
-    def walk(obj: Any, name: str) -> None:
+    def walk(obj: object, name: str) -> None:
         if isinstance(obj, torch.Tensor):
             flat.append((name, obj))
         elif hasattr(obj, "keys") and hasattr(obj, "values"):

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["render_export_report"]
+__all__ = ["ReportedExport", "render_export_report"]
 
 
-def render_export_report(result: Any, model_info: dict[str, Any]) -> str:
+class ReportedExport(Protocol):
+    """What the report reads of an export's result (:class:`.api.ExportResult`, which imports this module)."""
+
+    exporter: str
+    opset: int
+    node_count: int
+    coverage: dict[str, Any]
+    parity: dict[str, Any] | None
+    topology_identical: bool | None
+    stages: list[dict[str, Any]]
+    notes: list[str]
+
+
+def render_export_report(result: ReportedExport, model_info: dict[str, Any]) -> str:
     cov = result.coverage
     lines = [
         f"# Export report: {model_info['class']}",

@@ -25,7 +25,7 @@ quantization is refused: its ranges would come from one random decoder step (see
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._transformers import cache_parameter, output_cache
 from ..errors import ConfigError, ExportError
@@ -46,6 +46,11 @@ from .generation import (
 )
 from .inputs import hf_example
 from .steps import StepFn, StepInputs
+
+if TYPE_CHECKING:
+    import torch
+    from transformers.cache_utils import EncoderDecoderCache
+    from transformers.utils import ModelOutput
 
 __all__ = [
     "ENCODER_FILE",
@@ -87,11 +92,11 @@ def _kv_names(base: str, layers: int, sides: tuple[str, ...]) -> list[str]:
 # -------------------------------------------------------------------------------------------- steps
 
 
-def _encoder_step(call: StepFn, module: Any, **inputs: Any) -> Any:
+def _encoder_step(call: StepFn, module: torch.nn.Module, **inputs: torch.Tensor) -> torch.Tensor:
     return module.get_encoder()(**inputs, return_dict=True).last_hidden_state
 
 
-def _decoder_outputs(out: Any, with_past: bool) -> tuple[Any, ...]:
+def _decoder_outputs(out: ModelOutput, with_past: bool) -> tuple[torch.Tensor, ...]:
     cache = output_cache(out)
     if with_past:  # the cross-attention cache is an input and stays as it is
         own = cache.self_attention_cache.layers
@@ -101,11 +106,11 @@ def _decoder_outputs(out: Any, with_past: bool) -> tuple[Any, ...]:
 
 def _decoder_call(
     call: StepFn,
-    input_ids: Any,
-    encoder_hidden_states: Any,
-    encoder_attention_mask: Any = None,
-    past_key_values: Any = None,
-) -> Any:
+    input_ids: torch.Tensor,
+    encoder_hidden_states: torch.Tensor,
+    encoder_attention_mask: torch.Tensor | None = None,
+    past_key_values: EncoderDecoderCache | None = None,
+) -> ModelOutput:
     cache_arg = cache_parameter(inspect.signature(call).parameters) or CACHE_ARG
     kwargs: dict[str, Any] = {
         "decoder_input_ids": input_ids,
@@ -119,11 +124,13 @@ def _decoder_call(
     return call(**kwargs)
 
 
-def _first_step(call: StepFn, module: Any, **inputs: Any) -> tuple[Any, ...]:
+def _first_step(call: StepFn, module: torch.nn.Module, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return _decoder_outputs(_decoder_call(call, **inputs), with_past=False)
 
 
-def _past_step(call: StepFn, module: Any, **inputs: Any) -> tuple[Any, ...]:
+def _past_step(
+    call: StepFn, module: torch.nn.Module, **inputs: torch.Tensor | EncoderDecoderCache
+) -> tuple[torch.Tensor, ...]:
     return _decoder_outputs(_decoder_call(call, **inputs), with_past=True)
 
 
@@ -160,7 +167,7 @@ def refuse_graph_set_options(
         )
 
 
-def _check(module: Any, cfg: ExportConfig) -> None:
+def _check(module: torch.nn.Module, cfg: ExportConfig) -> None:
     check_seq2seq_config(cfg)
     if not is_encoder_decoder(module):
         raise ConfigError(
@@ -171,12 +178,14 @@ def _check(module: Any, cfg: ExportConfig) -> None:
 
 
 def _spec(
-    name: str, tensor: Any, axes: dict[int, str], value_range: tuple[float, float] | None = None
+    name: str, tensor: torch.Tensor, axes: dict[int, str], value_range: tuple[float, float] | None = None
 ) -> InputSpec:
     return InputSpec(name, tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""), axes, value_range)
 
 
-def _encoder_inputs(module: Any, cfg: ExportConfig) -> tuple[list[InputSpec], dict[str, Any]]:
+def _encoder_inputs(
+    module: torch.nn.Module, cfg: ExportConfig
+) -> tuple[list[InputSpec], dict[str, torch.Tensor]]:
     """The encoder's main input; text encoders also take their ``attention_mask`` (Optimum's encoder inputs)."""
     main = str(getattr(module, "main_input_name", "input_ids"))
     names = [main, "attention_mask"] if main == "input_ids" else [main]
@@ -186,7 +195,9 @@ def _encoder_inputs(module: Any, cfg: ExportConfig) -> tuple[list[InputSpec], di
     return specs, tensors
 
 
-def _first_step_run(module: Any, ids: Any, hidden: Any, mask: Any) -> Any:
+def _first_step_run(
+    module: torch.nn.Module, ids: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor | None
+) -> EncoderDecoderCache:
     """A real first decoder step: its cache gives the past of the cached-step example and the layout."""
     import torch
 
@@ -201,7 +212,7 @@ def _first_step_run(module: Any, ids: Any, hidden: Any, mask: Any) -> Any:
     return cache
 
 
-def _record(module: Any, main: str, cache: Any, layers: int) -> dict[str, Any]:
+def _record(module: torch.nn.Module, main: str, cache: EncoderDecoderCache, layers: int) -> dict[str, Any]:
     cross = {**cache_layout(cache.cross_attention_cache)}
     cross["shape"] = ["batch_size", "num_key_value_heads", "encoder_sequence_length", "head_dim"]
     return {
@@ -220,7 +231,7 @@ def _record(module: Any, main: str, cache: Any, layers: int) -> dict[str, Any]:
     }
 
 
-def build_seq2seq_inputs(module: Any, cfg: ExportConfig) -> list[StepInputs]:
+def build_seq2seq_inputs(module: torch.nn.Module, cfg: ExportConfig) -> list[StepInputs]:
     """The example inputs of the encoder, the first decoder step and a cached decoder step, in that order."""
     import torch
 
@@ -268,7 +279,7 @@ def build_seq2seq_inputs(module: Any, cfg: ExportConfig) -> list[StepInputs]:
 
 
 def _step(
-    entries: dict[str, tuple[Any, dict[int, str], tuple[float, float] | None]],
+    entries: dict[str, tuple[torch.Tensor, dict[int, str], tuple[float, float] | None]],
     outputs: tuple[str, ...],
     file: str,
     step: StepFn,

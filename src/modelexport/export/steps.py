@@ -12,10 +12,14 @@ import contextlib
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ExportError
 from .inputs import ExampleInputs
+
+if TYPE_CHECKING:
+    import torch
+    from transformers.cache_utils import Cache
 
 __all__ = ["StepFn", "StepInputs", "PAST_PREFIX"]
 
@@ -36,7 +40,7 @@ class StepInputs(ExampleInputs):
     #: The graph's role in the package's manifest (``encoder``, ``vision_encoder``...); default: its file stem.
     role: str = ""
     #: fn(flat past tensors, layers) -> the cache object forward() takes (None: the graph takes no past).
-    cache_from: Callable[[list[Any], int], Any] | None = None
+    cache_from: Callable[[list[torch.Tensor], int], Cache] | None = None
     #: Further inputs the graph must match PyTorch on (another image size, an empty past): (label, tensors).
     checks: tuple[tuple[str, dict[str, Any]], ...] = ()
 
@@ -62,7 +66,7 @@ class StepInputs(ExampleInputs):
         return replace(self, tensors=dict(tensors), checks=())
 
     @contextlib.contextmanager
-    def bind(self, module: Any) -> Iterator[None]:
+    def bind(self, module: torch.nn.Module) -> Iterator[None]:
         """``module.forward`` is this step (signature: the graph's inputs) until the block ends."""
         step = self.step
         if step is None:
@@ -70,7 +74,7 @@ class StepInputs(ExampleInputs):
         original = module.forward
         names = list(self.forward_kwargs())
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
+        def forward(*args: object, **kwargs: object) -> Any:
             return step(original, module, **dict(zip(names, args, strict=False)), **kwargs)
 
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["TopologyDiff", "graph_structure", "compare_topology"]
 
 
-def _attr_digest(node: Any) -> str:
+def _attr_digest(node: onnx.NodeProto) -> str:
     h = hashlib.sha1()
     for a in sorted(node.attribute, key=lambda a: a.name):
         h.update(a.SerializeToString(deterministic=True))
     return h.hexdigest()[:12]
 
 
-def graph_structure(model: Any) -> dict[str, Any]:
+def graph_structure(model: onnx.ModelProto) -> dict[str, Any]:
     """Nodes (name, op, domain, edges, attributes), initializers, graph inputs/outputs; no metadata."""
     g = model.graph
     return {
@@ -49,7 +52,7 @@ class TopologyDiff:
         return not self.differences
 
 
-def compare_topology(tagged: Any, baseline: Any) -> TopologyDiff:
+def compare_topology(tagged: onnx.ModelProto, baseline: onnx.ModelProto) -> TopologyDiff:
     a, b = graph_structure(tagged), graph_structure(baseline)
     diff = TopologyDiff()
     if len(a["nodes"]) != len(b["nodes"]):

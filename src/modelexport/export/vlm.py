@@ -31,7 +31,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,6 +52,13 @@ from .generation import cache_layout, dynamic_cache, dynamic_cache_leaves, is_wi
 from .inputs import forward_parameters
 from .seq2seq import refuse_graph_set_options
 from .steps import StepFn, StepInputs
+
+if TYPE_CHECKING:
+    import torch
+    from transformers.cache_utils import Cache
+    from transformers.processing_utils import ProcessorMixin
+
+    from .loading import LoadedModel
 
 __all__ = [
     "VLM_TASK",
@@ -124,7 +131,9 @@ def check_vlm_config(cfg: ExportConfig) -> None:
 
 
 # -------------------------------------------------------------------------------------------------- steps
-def _vision_step(renames: dict[str, str], call: StepFn, module: Any, **inputs: Any) -> Any:
+def _vision_step(
+    renames: dict[str, str], call: StepFn | None, module: torch.nn.Module, **inputs: torch.Tensor
+) -> torch.Tensor:
     """``get_image_features`` of one item, as ``[image tokens, hidden]`` rows in placeholder order."""
     import torch
 
@@ -135,7 +144,7 @@ def _vision_step(renames: dict[str, str], call: StepFn, module: Any, **inputs: A
     return features.reshape(-1, features.shape[-1])
 
 
-def _embed_step(call: StepFn, module: Any, input_ids: Any) -> Any:
+def _embed_step(call: StepFn | None, module: torch.nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     return module.get_input_embeddings()(input_ids)
 
 
@@ -143,13 +152,13 @@ def _decoder_step(
     cache_arg: str,
     with_past: bool,
     call: StepFn,
-    module: Any,
-    inputs_embeds: Any,
-    attention_mask: Any,
-    position_ids: Any = None,
-    token_type_ids: Any = None,
-    past_key_values: Any = None,
-) -> Any:
+    module: torch.nn.Module,
+    inputs_embeds: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    token_type_ids: torch.Tensor | None = None,
+    past_key_values: Cache | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """The language model on merged embeddings: logits (and the grown cache, flattened per layer)."""
     kwargs: dict[str, Any] = {
         "inputs_embeds": inputs_embeds,
@@ -176,13 +185,13 @@ class _Example:
 
     batch: dict[str, Any]
     items: list[dict[str, Any]]  # the vision graph's inputs per item, precomputed inputs included
-    features: Any  # every item's image features, concatenated
-    embeds: Any  # the prompts' embeddings with the image features merged in
-    positions: Any | None
+    features: torch.Tensor  # every item's image features, concatenated
+    embeds: torch.Tensor  # the prompts' embeddings with the image features merged in
+    positions: torch.Tensor | None
 
 
 @contextlib.contextmanager
-def _left_padding(processor: Any) -> Iterator[None]:
+def _left_padding(processor: ProcessorMixin) -> Iterator[None]:
     """Prompts of a batch padded on the left (generation appends on the right); the tokenizer's setting after."""
     tok = processor.tokenizer
     side, pad = tok.padding_side, tok.pad_token
@@ -195,7 +204,9 @@ def _left_padding(processor: Any) -> Iterator[None]:
         tok.padding_side, tok.pad_token = side, pad
 
 
-def _processor_batch(processor: Any, sizes: tuple[tuple[int, int], ...], seed: int) -> dict[str, Any]:
+def _processor_batch(
+    processor: ProcessorMixin, sizes: tuple[tuple[int, int], ...], seed: int
+) -> dict[str, Any]:
     images = [synthetic_image(h, w, seed + i) for i, (h, w) in enumerate(sizes)]
     prompts = [build_prompt(processor, EXAMPLE_PROMPTS[i % len(EXAMPLE_PROMPTS)]) for i in range(len(sizes))]
     try:
@@ -211,7 +222,7 @@ def _processor_batch(processor: Any, sizes: tuple[tuple[int, int], ...], seed: i
     return dict(out)
 
 
-def _load_processor(loaded: Any, cfg: ExportConfig) -> Any:
+def _load_processor(loaded: LoadedModel, cfg: ExportConfig) -> ProcessorMixin:
     folder = loaded.model_dir
     if folder is None:
         raise ConfigError(
@@ -234,7 +245,7 @@ def _load_processor(loaded: Any, cfg: ExportConfig) -> Any:
     return processor
 
 
-def is_vision_language_model(module: Any) -> bool:
+def is_vision_language_model(module: torch.nn.Module) -> bool:
     """A generator of text from images and text, called through transformers' APIs: ``get_image_features()``,
     ``get_input_embeddings()``, ``forward(inputs_embeds=...)`` and an ``image_token_id`` in its config."""
     config = getattr(module, "config", None)
@@ -253,7 +264,7 @@ VLM_HINT = (
 )
 
 
-def _check_model(module: Any, cfg: ExportConfig) -> int:
+def _check_model(module: torch.nn.Module, cfg: ExportConfig) -> int:
     """The image placeholder token id; ConfigError for a model that is not a vision-language generator."""
     if not is_vision_language_model(module):
         raise ConfigError(
@@ -265,7 +276,7 @@ def _check_model(module: Any, cfg: ExportConfig) -> int:
 
 
 # ---------------------------------------------------------------------------- precomputed vision inputs
-def _vision_helpers(module: Any) -> dict[str, dict[str, Any]]:
+def _vision_helpers(module: torch.nn.Module) -> dict[str, dict[str, Any]]:
     """transformers ``vision_utils`` helpers named in the ``forward`` of the model's modules: name -> the
     globals of the modeling module that calls them (where a recorder can stand in during one eager run)."""
     found: dict[str, dict[str, Any]] = {}
@@ -288,7 +299,7 @@ def _recording(
     def recorder(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         signature = inspect.signature(original)
 
-        def record(*args: Any, **kwargs: Any) -> Any:
+        def record(*args: object, **kwargs: object) -> Any:
             result = original(*args, **kwargs)
             calls.append((name, dict(signature.bind(*args, **kwargs).arguments), result))
             return result
@@ -304,7 +315,9 @@ def _recording(
             scope[name] = originals[name]
 
 
-def _precompute_record(module: Any, item: dict[str, Any], grid: str | None) -> dict[str, dict[str, Any]]:
+def _precompute_record(
+    module: torch.nn.Module, item: dict[str, Any], grid: str | None
+) -> dict[str, dict[str, Any]]:
     """Which tensors the vision tower computes from the grid with transformers' helpers (one eager run of
     ``get_image_features``, recorded), as ``{graph input: {"getter", "kwarg", "params"}}``."""
     import torch
@@ -348,7 +361,7 @@ def _with_precomputed(
 
 
 def _check_precomputed(
-    module: Any, item: dict[str, Any], record: dict[str, dict[str, Any]], grid: str
+    module: torch.nn.Module, item: dict[str, torch.Tensor], record: dict[str, dict[str, Any]], grid: str
 ) -> None:
     """The runtime's precomputed inputs equal what transformers' helpers compute for this item."""
     import torch
@@ -388,7 +401,7 @@ class _Split:
         return {name: entry["kwarg"] for name, entry in self.precomputed.items()}
 
 
-def _split_of(module: Any, batch: dict[str, Any], image_token_id: int) -> _Split:
+def _split_of(module: torch.nn.Module, batch: dict[str, torch.Tensor], image_token_id: int) -> _Split:
     takes = {p.name for p in inspect.signature(module.get_image_features).parameters.values()}
     vision = tuple(k for k in batch if k in takes and k not in ("input_ids", "attention_mask"))
     if not vision:
@@ -411,13 +424,13 @@ def _split_of(module: Any, batch: dict[str, Any], image_token_id: int) -> _Split
     )
 
 
-def _tensor(value: Any) -> Any:
+def _tensor(value: np.ndarray) -> torch.Tensor:
     import torch
 
     return torch.from_numpy(np.ascontiguousarray(value))
 
 
-def _positions(module: Any, batch: dict[str, Any]) -> Any:
+def _positions(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The prompt's ``position_ids`` as ``generate`` prepares them (transformers' own method)."""
     import torch
 
@@ -429,7 +442,7 @@ def _positions(module: Any, batch: dict[str, Any]) -> Any:
         return prepare(batch["input_ids"], dict(batch))
 
 
-def _example(module: Any, split: _Split, batch: dict[str, Any]) -> _Example:
+def _example(module: torch.nn.Module, split: _Split, batch: dict[str, torch.Tensor]) -> _Example:
     import torch
 
     numpy_batch = {k: v.numpy() for k, v in batch.items()}
@@ -461,7 +474,7 @@ def _decoder_kwargs(split: _Split, ex: _Example, start: int = 0, end: int | None
     return kwargs
 
 
-def _full_rows(kwargs: dict[str, Any], mask: Any) -> dict[str, Any]:
+def _full_rows(kwargs: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """The rows of a prompt batch that hold no padding: a graph's outputs at padded query positions are
     arbitrary (every key masked) and differ between runtimes, so whole-prompt checks leave them out."""
     rows = mask.bool().all(dim=-1)
@@ -471,7 +484,7 @@ def _full_rows(kwargs: dict[str, Any], mask: Any) -> dict[str, Any]:
     }
 
 
-def _check_logits(module: Any, ex: _Example, logits: Any, what: str, hint: str) -> None:
+def _check_logits(module: torch.nn.Module, ex: _Example, logits: torch.Tensor, what: str, hint: str) -> None:
     """``logits`` (of the split, on ``ex``) equal the whole model's on the processor's outputs."""
     import torch
 
@@ -487,7 +500,7 @@ def _check_logits(module: Any, ex: _Example, logits: Any, what: str, hint: str) 
         )
 
 
-def _check_split(module: Any, split: _Split, ex: _Example) -> None:
+def _check_split(module: torch.nn.Module, split: _Split, ex: _Example) -> None:
     """The split (vision features merged into the embeddings, positions) gives the whole model's logits."""
     import torch
 
@@ -502,7 +515,7 @@ def _check_split(module: Any, split: _Split, ex: _Example) -> None:
     )
 
 
-def _position_record(module: Any, examples: list[_Example]) -> dict[str, Any] | None:
+def _position_record(module: torch.nn.Module, examples: list[_Example]) -> dict[str, Any] | None:
     """The runtime's position scheme that gives ``generate``'s positions on every example, with its parameters."""
     if examples[0].positions is None:
         return None
@@ -547,7 +560,7 @@ def _axes_from(values: dict[str, list[Any]], fixed: dict[str, dict[int, str]]) -
     return axes
 
 
-def _spec(name: str, tensor: Any, axes: dict[int, str]) -> InputSpec:
+def _spec(name: str, tensor: torch.Tensor, axes: dict[int, str]) -> InputSpec:
     return InputSpec(name, tuple(tensor.shape), str(tensor.dtype).replace("torch.", ""), axes or None)
 
 
@@ -560,7 +573,7 @@ def _graph(
     step: StepFn,
     record: dict[str, Any],
     labels: list[str],
-    **extra: Any,
+    **extra: object,
 ) -> StepInputs:
     first = examples[0]
     specs = tuple(_spec(n, t, axes.get(n, {})) for n, t in first.items())
@@ -585,7 +598,9 @@ def _embed_graph(examples: list[_Example], record: dict[str, Any]) -> StepInputs
     return _graph(EMBED_FILE, "embed_tokens", ids, axes, ("inputs_embeds",), _embed_step, record, labels)
 
 
-def _decoder_axes(split: _Split, positions: Any, with_past: bool) -> dict[str, dict[int, str]]:
+def _decoder_axes(
+    split: _Split, positions: torch.Tensor | None, with_past: bool
+) -> dict[str, dict[int, str]]:
     seq = {0: "batch_size", 1: "sequence_length"}
     total = {0: "batch_size", 1: "past_sequence_length + sequence_length" if with_past else "sequence_length"}
     axes = {"inputs_embeds": seq, "attention_mask": total, "token_type_ids": total}
@@ -603,7 +618,9 @@ def _decoder_graph(split: _Split, examples: list[_Example], record: dict[str, An
     return _graph(DECODER_FILE, "decoder", sets, axes, ("logits",), step, record, labels)
 
 
-def _prefill(module: Any, split: _Split, kwargs: dict[str, Any]) -> Any:
+def _prefill(
+    module: torch.nn.Module, split: _Split, kwargs: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
     """A real first step over ``kwargs`` into a plain (non-sliding) cache: the graph keeps every layer's past."""
     import torch
     from transformers.cache_utils import DynamicCache
@@ -626,7 +643,7 @@ def _first_step(split: _Split, ex: _Example, empty: dict[str, Any]) -> dict[str,
 
 
 def _merged_decoder_graph(
-    module: Any, split: _Split, examples: list[_Example], record: dict[str, Any]
+    module: torch.nn.Module, split: _Split, examples: list[_Example], record: dict[str, Any]
 ) -> StepInputs:
     """A cached step (the prompt's tail after a real prefill of its head), checked on the first step (an empty
     past) of every example."""
@@ -690,7 +707,7 @@ def _merged_decoder_graph(
     )
 
 
-def _generated_token_type(module: Any, batch: dict[str, Any]) -> int | None:
+def _generated_token_type(module: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int | None:
     """The token type ``generate`` gives each generated token (transformers' own update of its inputs after a
     step): None where it repeats the row's last type (transformers' default), else that constant (a model
     whose generated tokens form a causal suffix after a bidirectional prefix)."""
@@ -730,7 +747,7 @@ def _record(
     }
 
 
-def build_vlm_inputs(loaded: Any, cfg: ExportConfig) -> list[StepInputs]:
+def build_vlm_inputs(loaded: LoadedModel, cfg: ExportConfig) -> list[StepInputs]:
     """The example inputs of the vision encoder, the token embedding and the decoder, in that order."""
     module = loaded.module
     check_vlm_config(cfg)

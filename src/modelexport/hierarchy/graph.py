@@ -57,7 +57,7 @@ def _dtype_info(elem_type: int) -> tuple[str, int]:
         return onnx.TensorProto.DataType.Name(elem_type).lower(), 1
 
 
-def _initializer_info(init: Any) -> InitializerInfo:
+def _initializer_info(init: onnx.TensorProto) -> InitializerInfo:
     numel = 1
     for d in init.dims:
         numel *= int(d)
@@ -201,7 +201,7 @@ class GraphIndex:
     consumers: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
 
     @classmethod
-    def build(cls, model: Any) -> GraphIndex:
+    def build(cls, model: onnx.ModelProto) -> GraphIndex:
         """Index ``model.graph`` (one pass over the nodes)."""
         graph = model.graph
         inits = {i.name: _initializer_info(i) for i in graph.initializer}

@@ -15,7 +15,10 @@ import ast
 import re
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import onnx
 
 from .._registry import Registry
 
@@ -81,11 +84,11 @@ def _child(current: str, seg: str, paths: set[str]) -> str | None:
     return None
 
 
-def module_path_for(exporter: str, node: Any, paths: set[str]) -> str | None:
+def module_path_for(exporter: str, node: onnx.NodeProto, paths: set[str]) -> str | None:
     return SCOPE_READERS[exporter](node, paths)
 
 
-def scope_counts(model: Any, exporter: str, paths: set[str]) -> Counter[str]:
+def scope_counts(model: onnx.ModelProto, exporter: str, paths: set[str]) -> Counter[str]:
     """How many of the graph's nodes each module path produced (nodes with a resolvable scope)."""
     counts: Counter[str] = Counter()
     for node in model.graph.node:

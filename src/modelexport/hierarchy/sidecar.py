@@ -6,12 +6,15 @@ Built from the tagging alone (hierarchy layer), so the export and the package st
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from .tagger import TaggingResult, tensor_tags
 from .tags import TAG_KEY, TAG_SOURCE_KEY
 from .tree import ModuleTree
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = ["SIDECAR_NAME", "SIDECAR_VERSION", "build_sidecar"]
 
@@ -20,7 +23,11 @@ SIDECAR_VERSION = "1.0"
 
 
 def build_sidecar(
-    model: Any, tree: ModuleTree, tagging: TaggingResult, settings: dict[str, Any], model_info: dict[str, Any]
+    model: onnx.ModelProto,
+    tree: ModuleTree,
+    tagging: TaggingResult,
+    settings: dict[str, Any],
+    model_info: dict[str, Any],
 ) -> dict[str, Any]:
     """The sidecar document; every value derives from the tagged model and the module tree."""
     return {

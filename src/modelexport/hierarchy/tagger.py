@@ -83,7 +83,7 @@ def propagate_tags(nodes: Sequence[onnx.NodeProto], tags: dict[int, str]) -> lis
     return added
 
 
-def _tag_subgraphs(node: Any, tag: str) -> None:
+def _tag_subgraphs(node: onnx.NodeProto, tag: str) -> None:
     """Nodes inside Loop/If/Scan bodies carry their container's tag."""
     for attr in node.attribute:
         for g in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
@@ -92,7 +92,7 @@ def _tag_subgraphs(node: Any, tag: str) -> None:
                 _tag_subgraphs(sub, tag)
 
 
-def tag_model(model: Any, tree: ModuleTree, exporter: str) -> TaggingResult:
+def tag_model(model: onnx.ModelProto, tree: ModuleTree, exporter: str) -> TaggingResult:
     """Write ``modelexport.hierarchy_tag`` into every node's metadata and return the mapping."""
     graph = model.graph
     paths = set(tree.modules)
@@ -117,7 +117,7 @@ def tag_model(model: Any, tree: ModuleTree, exporter: str) -> TaggingResult:
     return result
 
 
-def tensor_tags(model: Any) -> dict[str, dict[str, Any]]:
+def tensor_tags(model: onnx.ModelProto) -> dict[str, dict[str, Any]]:
     """Tensor -> producer module tag and ALL consumer module tags (R13), read from node metadata."""
     graph = model.graph
     out: dict[str, dict[str, Any]] = {}

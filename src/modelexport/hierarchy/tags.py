@@ -8,7 +8,6 @@ siblings of the same class must be told apart.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import onnx
 
@@ -72,7 +71,7 @@ def common_ancestor(tags: list[str] | set[str]) -> str | None:
     return "/" + "/".join(prefix) if prefix else None
 
 
-def node_key(node: Any, index: int) -> str:
+def node_key(node: onnx.NodeProto, index: int) -> str:
     """A stable key for a node: its name, or ``op_type#index`` for unnamed nodes."""
     return node.name or f"{node.op_type}#{index}"
 
@@ -82,7 +81,7 @@ def node_props(node: onnx.NodeProto) -> dict[str, str]:
     return {p.key: p.value for p in node.metadata_props}
 
 
-def node_tag(node: Any, index: int | None = None) -> str | None:
+def node_tag(node: onnx.NodeProto, index: int | None = None) -> str | None:
     """``node``'s hierarchy tag (None when it has none), refused past :data:`MAX_TAG_DEPTH` levels or
     :data:`MAX_TAG_CHARS` characters (``index``: the node's position, for the message)."""
     tag = next((p.value for p in node.metadata_props if p.key == TAG_KEY), None) or None
@@ -96,7 +95,7 @@ def node_tag(node: Any, index: int | None = None) -> str | None:
     return tag
 
 
-def read_node_tags(model: Any) -> dict[str, dict[str, str | None]]:
+def read_node_tags(model: onnx.ModelProto) -> dict[str, dict[str, str | None]]:
     """Node key -> {tag, source, op_type} for the main graph, read from node metadata."""
     out: dict[str, dict[str, str | None]] = {}
     for i, node in enumerate(model.graph.node):
@@ -109,7 +108,7 @@ def read_node_tags(model: Any) -> dict[str, dict[str, str | None]]:
     return out
 
 
-def set_props(holder: Any, updates: dict[str, str]) -> None:
+def set_props(holder: onnx.NodeProto | onnx.ModelProto, updates: dict[str, str]) -> None:
     """Set (or replace) entries of ``holder.metadata_props`` (a NodeProto or a ModelProto), keeping the others.
 
     Setting a node's tag also sets its ``namespace`` (the tag without the leading slash), so every pass that
@@ -127,7 +126,7 @@ def set_props(holder: Any, updates: dict[str, str]) -> None:
         entry.key, entry.value = key, value
 
 
-def set_node_tag(node: Any, tag: str, source: str | None = None) -> None:
+def set_node_tag(node: onnx.NodeProto, tag: str, source: str | None = None) -> None:
     """Set (or replace) a node's tag entries in its ``metadata_props``."""
     set_props(node, {TAG_KEY: tag} if source is None else {TAG_KEY: tag, TAG_SOURCE_KEY: source})
 
@@ -149,7 +148,7 @@ def _portable_path(match: re.Match[str]) -> str:
     return match.group(0)
 
 
-def portable_stack_trace(node: Any) -> None:
+def portable_stack_trace(node: onnx.NodeProto) -> None:
     """Keep the node's stack trace, without the exporting machine's paths: an installed package's file
     relative to its ``site-packages``, any other absolute file by its name."""
     for prop in node.metadata_props:

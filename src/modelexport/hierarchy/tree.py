@@ -13,9 +13,12 @@ from __future__ import annotations
 import fnmatch
 import inspect
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TagRules", "ModuleInfo", "ModuleTree", "DEFAULT_TORCH_NN_EXCEPTIONS"]
 
@@ -36,14 +39,14 @@ class TagRules:
     torch_nn_exceptions: tuple[str, ...] = DEFAULT_TORCH_NN_EXCEPTIONS
     include_torch_nn: bool = False
 
-    def keeps(self, module: Any) -> bool:
+    def keeps(self, module: torch.nn.Module) -> bool:
         if self.include_torch_nn or not _is_torch_nn(module):
             return True
         name = type(module).__name__
         return any(fnmatch.fnmatchcase(name, pat) for pat in self.torch_nn_exceptions)
 
 
-def _is_torch_nn(module: Any) -> bool:
+def _is_torch_nn(module: torch.nn.Module) -> bool:
     return type(module).__module__.startswith("torch.nn.")
 
 
@@ -75,7 +78,7 @@ class ModuleInfo:
         }
 
 
-def _forward_args(module: Any) -> list[str]:
+def _forward_args(module: torch.nn.Module) -> list[str]:
     try:
         return [p for p in inspect.signature(module.forward).parameters]
     except (TypeError, ValueError):
@@ -85,9 +88,9 @@ def _forward_args(module: Any) -> list[str]:
 class ModuleTree:
     """Module path -> info and tag; ``""`` is the root."""
 
-    def __init__(self, root: Any, rules: TagRules | None = None) -> None:
+    def __init__(self, root: torch.nn.Module, rules: TagRules | None = None) -> None:
         self.rules = rules or TagRules()
-        self.modules: dict[str, Any] = dict(root.named_modules(remove_duplicate=False))
+        self.modules: dict[str, torch.nn.Module] = dict(root.named_modules(remove_duplicate=False))
         self.info: dict[str, ModuleInfo] = {}
         for path, module in self.modules.items():
             cls = type(module)
@@ -191,14 +194,14 @@ class ModuleTree:
         return self.info[""].tag
 
     # -- call counts ---------------------------------------------------------------------------
-    def count_calls(self, root: Any, run: Any) -> None:
+    def count_calls(self, root: torch.nn.Module, run: Callable[[], object]) -> None:
         """Run ``run()`` with forward hooks on every module and record how often each is called."""
         handles = []
         by_id: dict[int, list[str]] = {}
         for path, module in self.modules.items():
             by_id.setdefault(id(module), []).append(path)
 
-        def hook(module: Any, args: Any, output: Any) -> None:
+        def hook(module: torch.nn.Module, args: tuple[object, ...], output: object) -> None:
             for path in by_id.get(id(module), []):
                 self.info[path].call_count += 1
 

@@ -9,7 +9,7 @@ breaks its rule is one :class:`~modelexport.errors.MetadataError` naming the key
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import MetadataError
 
@@ -40,20 +40,20 @@ class _Bad(Exception):
     pass
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _int_in(value: Any, low: int, high: int, where: str) -> None:
+def _int_in(value: object, low: int, high: int, where: str) -> None:
     if not _is_int(value) or not low <= value <= high:
         raise _Bad(f"{where} must be an integer in [{low}, {high}], got {value!r}")
 
 
-def json_object(value: Any, where: str) -> dict[str, Any]:
+def json_object(value: object, where: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _Bad(f"{where} must be a JSON object, got {type(value).__name__}")
     return value
@@ -88,7 +88,7 @@ _MODEL_SIZES = (
 )
 
 
-def model_config(value: Any, where: str) -> None:
+def model_config(value: object, where: str) -> None:
     config = json_object(value, where)
     _labels(config, where)
     for name in _MODEL_SIZES:
@@ -100,7 +100,7 @@ def model_config(value: Any, where: str) -> None:
             _int_in(value, 0, 1 << 31, f"{where}.{name}")
 
 
-def _side_or_sides(value: Any, where: str) -> None:
+def _side_or_sides(value: object, where: str) -> None:
     if isinstance(value, dict):
         for key, side in value.items():
             if side is not None:
@@ -109,13 +109,13 @@ def _side_or_sides(value: Any, where: str) -> None:
         _int_in(value, 1, MAX_SIDE, where)
 
 
-def _mean_std(value: Any, where: str) -> None:
+def _mean_std(value: object, where: str) -> None:
     items = value if isinstance(value, list) else [value]
     if not 1 <= len(items) <= 16 or not all(_is_number(v) for v in items):
         raise _Bad(f"{where} must be a number or a list of 1-16 numbers, got {value!r}")
 
 
-def processor_config(value: Any, where: str) -> None:
+def processor_config(value: object, where: str) -> None:
     config = json_object(value, where)
     for key, item in config.items():
         field = f"{where}.{key}"
@@ -138,7 +138,7 @@ def processor_config(value: Any, where: str) -> None:
         raise _Bad(f"{where}.rescale_factor must be a number, got {config['rescale_factor']!r}")
 
 
-def tensor_specs(value: Any, where: str) -> None:
+def tensor_specs(value: object, where: str) -> None:
     if not isinstance(value, list) or len(value) > 100_000:
         raise _Bad(f"{where} must be a list of tensor specs")
     for i, spec in enumerate(value):
@@ -153,12 +153,12 @@ def tensor_specs(value: Any, where: str) -> None:
                 _int_in(dim, 0, _MAX_DIM, f"{where}[{i}].shape")
 
 
-def short_text(value: Any, where: str) -> None:
+def short_text(value: object, where: str) -> None:
     if not isinstance(value, str) or len(value) > 1000:
         raise _Bad(f"{where} must be a short string, got {type(value).__name__}")
 
 
-def versions(value: Any, where: str) -> None:
+def versions(value: object, where: str) -> None:
     """Library name -> version string, both short text."""
     for name, version in json_object(value, where).items():
         if not isinstance(version, str) or not 0 < len(version) <= 64 or len(name) > 64:

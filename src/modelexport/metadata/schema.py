@@ -94,7 +94,7 @@ VALUE_CHECKS: dict[str, Callable[[Any, str], None]] = {
 }
 
 
-def _encode_value(value: Any) -> tuple[str, str]:
+def _encode_value(value: object) -> tuple[str, str]:
     """(stored string, encoding): plain strings stay readable, everything else is JSON; big values gzip."""
     if isinstance(value, str):
         text, kind = value, "text"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import atomic_path
 from ..errors import MetadataError
@@ -13,13 +13,16 @@ from ..onnxfile import resolve_model_path
 from ._proto import read_props, rewrite_props
 from .schema import KEY_CHECKSUM, KEY_ENCODING, KEY_VERSION, METADATA_VERSION, decode_entries, encode_entries
 
+if TYPE_CHECKING:
+    import onnx
+
 __all__ = ["read_metadata", "update_metadata", "write_metadata", "clear_cache"]
 
 _CACHE: dict[str, tuple[int, int, dict[str, Any]]] = {}
 _LOCK = threading.Lock()
 
 
-def _stored_of_proto(model: Any) -> dict[str, str]:
+def _stored_of_proto(model: onnx.ModelProto) -> dict[str, str]:
     return {p.key: p.value for p in model.metadata_props}
 
 
@@ -27,7 +30,7 @@ def _combined(values: dict[str, Any], foreign: dict[str, str]) -> dict[str, Any]
     return {**foreign, **values}
 
 
-def read_metadata(model: str | os.PathLike[str] | Any) -> dict[str, Any]:
+def read_metadata(model: str | os.PathLike[str] | onnx.ModelProto) -> dict[str, Any]:
     """Decoded metadata (JSON values parsed, checksum verified) of a file, a folder or a ModelProto.
 
     Files are read without their weights and cached by (path, size, mtime). A model with no
@@ -75,7 +78,7 @@ def _merged(stored: dict[str, str], updates: dict[str, Any], verify: bool) -> di
     return encode_entries(values, foreign)
 
 
-def update_metadata(model_proto: Any, updates: dict[str, Any], *, verify: bool = True) -> None:
+def update_metadata(model_proto: onnx.ModelProto, updates: dict[str, Any], *, verify: bool = True) -> None:
     """Merge ``updates`` into a ModelProto's metadata in place (``None`` deletes a key); re-encode and re-checksum.
 
     ``verify=False`` accepts metadata that fails its checksum (repairing a hand-edited file).

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._registry import Registry
 from ..errors import TaskDetectionError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = [
     "TaskSpec",
@@ -124,7 +127,9 @@ def _table(name: str) -> set[str]:
     return _names_in(getattr(modeling_auto, name, {}) or {})
 
 
-def architectures_of(model: Any = None, config: Any = None) -> list[str]:
+def architectures_of(
+    model: object = None, config: PretrainedConfig | dict[str, Any] | None = None
+) -> list[str]:
     """Candidate architecture names: the model's class, then ``config.architectures``."""
     names: list[str] = []
     if model is not None:

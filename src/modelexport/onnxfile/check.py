@@ -9,12 +9,13 @@ Protobuf parses an ``int32`` field with any value and a proto2 ``string`` field 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import OnnxFileError
 
 if TYPE_CHECKING:
     import onnx
+    from google.protobuf.message import Message
 
 __all__ = ["check_structure"]
 
@@ -32,12 +33,12 @@ def _data_types() -> frozenset[int]:
     return frozenset(onnx.TensorProto.DataType.values())
 
 
-def _check_text(value: Any, where: str) -> None:
+def _check_text(value: object, where: str) -> None:
     if not isinstance(value, str):
         raise _Bad(f"{where} is not valid UTF-8 text")
 
 
-def _check_tensor(tensor: Any, where: str, dtypes: frozenset[int]) -> None:
+def _check_tensor(tensor: onnx.TensorProto, where: str, dtypes: frozenset[int]) -> None:
     for name in _TENSOR_TEXT:
         _check_text(getattr(tensor, name), f"{where}.{name}")
     if tensor.data_type not in dtypes or tensor.data_type == 0:
@@ -49,7 +50,7 @@ def _check_tensor(tensor: Any, where: str, dtypes: frozenset[int]) -> None:
         _check_text(entry.value, f"{where}.external_data")
 
 
-def _check_type(type_proto: Any, where: str, dtypes: frozenset[int]) -> None:
+def _check_type(type_proto: onnx.TypeProto, where: str, dtypes: frozenset[int]) -> None:
     kind = type_proto.WhichOneof("value")
     if kind in ("tensor_type", "sparse_tensor_type"):
         tensor = getattr(type_proto, kind)
@@ -61,7 +62,7 @@ def _check_type(type_proto: Any, where: str, dtypes: frozenset[int]) -> None:
     _walk(type_proto, where, dtypes)
 
 
-def _walk(message: Any, where: str, dtypes: frozenset[int]) -> None:
+def _walk(message: Message, where: str, dtypes: frozenset[int]) -> None:
     """Every string field is text, every tensor and type has a known data type, recursively."""
     from google.protobuf.descriptor import FieldDescriptor as F
 
@@ -81,7 +82,7 @@ def _walk(message: Any, where: str, dtypes: frozenset[int]) -> None:
 _CHECKERS = {"onnx.TensorProto": _check_tensor, "onnx.TypeProto": _check_type}
 
 
-def _check_io(graph: Any) -> None:
+def _check_io(graph: onnx.GraphProto) -> None:
     for kind in ("input", "output"):
         for value in getattr(graph, kind):
             if value.type.WhichOneof("value") == "tensor_type" and value.type.tensor_type.elem_type == 0:

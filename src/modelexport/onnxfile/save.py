@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, TypeVar
 
 from .._io import atomic_path, onnx_weight_bytes
 from ..errors import OnnxFileError
@@ -40,6 +40,8 @@ _CHUNK = 64 << 20
 #: written in one piece then holds ~100 MB more resident memory than one written in 64 KiB pieces (ONNX
 #: Runtime maps its external data; 64 KiB is also the kernel's fault-around window).
 WRITE_BYTES = 64 << 10
+#: The messages whose big field :func:`_without` leaves out.
+_Proto = TypeVar("_Proto", "onnx.GraphProto", "onnx.ModelProto")
 
 
 def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
@@ -117,7 +119,7 @@ def _reference(tensor: onnx.TensorProto, location: str, offset: int, length: int
     return ref
 
 
-def _without(message: Any, skip: str) -> Any:
+def _without(message: _Proto, skip: str) -> _Proto:
     """A copy of ``message`` without its field ``skip`` (the big field is never copied)."""
     out = type(message)()
     for f, value in message.ListFields():
