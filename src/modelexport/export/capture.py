@@ -43,7 +43,7 @@ class CaptureSettings:
     keep_dropout: bool
 
 
-CaptureFn = Callable[[Any, ExampleInputs, CaptureSettings], Any]
+CaptureFn = Callable[["torch.nn.Module", ExampleInputs, CaptureSettings], "onnx.ModelProto"]
 EXPORTER_REGISTRY: Registry[CaptureFn] = Registry("exporter")
 
 
@@ -113,7 +113,7 @@ def _no_grad(model: torch.nn.Module) -> Iterator[None]:
 
 
 @EXPORTER_REGISTRY.register("dynamo")
-def _dynamo(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
+def _dynamo(model: torch.nn.Module, inputs: ExampleInputs, s: CaptureSettings) -> onnx.ModelProto:
     if (other := inputs.other_size) is not None and not s.static_shapes:
         program = _to_onnx(_program_with_free_axes(model, inputs, other), inputs, s)
         program.rename_axes(_axis_names(program.model, inputs))  # torch.onnx names only string axes
@@ -259,7 +259,7 @@ def _forward_taking_only(model: torch.nn.Module, names: list[str]) -> Iterator[N
 
 
 @EXPORTER_REGISTRY.register("torchscript")
-def _torchscript(model: Any, inputs: ExampleInputs, s: CaptureSettings) -> Any:
+def _torchscript(model: torch.nn.Module, inputs: ExampleInputs, s: CaptureSettings) -> onnx.ModelProto:
     import onnx
     import torch
 

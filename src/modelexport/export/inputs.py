@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 BATCH, SEQ = 2, 16  # >1 so the exporters do not specialise dynamic axes to 1
 
-_Generator = Callable[[Any, ExportConfig], InputSpec | None]
+_Generator = Callable[["PretrainedConfig", ExportConfig], InputSpec | None]
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def _vocab(config: PretrainedConfig) -> int:
 
 
 @input_generator("input_ids", "decoder_input_ids", modality="text")
-def _ids(config: Any, cfg: ExportConfig) -> InputSpec:
+def _ids(config: PretrainedConfig, cfg: ExportConfig) -> InputSpec:
     b, s = _text_shape(cfg)
     return InputSpec(
         "input_ids", (b, s), "int64", {0: "batch_size", 1: "sequence_length"}, (0, _vocab(config))
@@ -97,13 +97,13 @@ def _ids(config: Any, cfg: ExportConfig) -> InputSpec:
 
 
 @input_generator("attention_mask", "decoder_attention_mask", modality="text")
-def _mask(config: Any, cfg: ExportConfig) -> InputSpec:
+def _mask(config: PretrainedConfig, cfg: ExportConfig) -> InputSpec:
     b, s = _text_shape(cfg)
     return InputSpec("attention_mask", (b, s), "int64", {0: "batch_size", 1: "sequence_length"}, (1, 2))
 
 
 @input_generator("token_type_ids", modality="text")
-def _token_types(config: Any, cfg: ExportConfig) -> InputSpec | None:
+def _token_types(config: PretrainedConfig, cfg: ExportConfig) -> InputSpec | None:
     if not getattr(config, "type_vocab_size", 0):
         return None
     b, s = _text_shape(cfg)
@@ -116,7 +116,7 @@ def _image_size(config: PretrainedConfig) -> int:
 
 
 @input_generator("pixel_values", modality="vision", free_axes={2: "height", 3: "width"})
-def _pixels(config: Any, cfg: ExportConfig) -> InputSpec:
+def _pixels(config: PretrainedConfig, cfg: ExportConfig) -> InputSpec:
     """Batch dynamic; height/width too where the model takes another size (decided per export). The
     channels stay a number: the first convolution's weights fix them."""
     if cfg.input_shape and len(cfg.input_shape) == 4:
@@ -128,7 +128,7 @@ def _pixels(config: Any, cfg: ExportConfig) -> InputSpec:
 
 
 @input_generator("input_values", modality="audio")
-def _waveform(config: Any, cfg: ExportConfig) -> InputSpec:
+def _waveform(config: PretrainedConfig, cfg: ExportConfig) -> InputSpec:
     """A raw waveform (batch, samples), or a spectrogram (batch, max_length frames, num_mel_bins) when
     the config gives mel bins: such encoders patch a fixed-size spectrogram, so only batch is dynamic."""
     mels, frames = getattr(config, "num_mel_bins", None), getattr(config, "max_length", None)
@@ -140,7 +140,7 @@ def _waveform(config: Any, cfg: ExportConfig) -> InputSpec:
 
 
 @input_generator("input_features", modality="audio")
-def _features(config: Any, cfg: ExportConfig) -> InputSpec:
+def _features(config: PretrainedConfig, cfg: ExportConfig) -> InputSpec:
     mels = int(getattr(config, "num_mel_bins", None) or getattr(config, "feature_size", 80))
     # Encoders with fixed positions (max_source_positions) need exactly 2x that many frames (stride-2 conv).
     frames = 2 * int(getattr(config, "max_source_positions", 0) or 0) or 100

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,12 +32,14 @@ __all__ = [
 ]
 
 #: runner name -> fn(model bytes or path, feeds) -> (output names, outputs, what ran them)
-Runner = Callable[[Any, dict[str, np.ndarray]], tuple[list[str], list[np.ndarray], str]]
+Runner = Callable[[bytes | Path, dict[str, np.ndarray]], tuple[list[str], list[np.ndarray], str]]
 PARITY_RUNNERS: Registry[Runner] = Registry("parity runner")
 
 
 @PARITY_RUNNERS.register("onnxruntime")
-def _onnxruntime(model: Any, feeds: dict[str, np.ndarray]) -> tuple[list[str], list[np.ndarray], str]:
+def _onnxruntime(
+    model: bytes | Path, feeds: dict[str, np.ndarray]
+) -> tuple[list[str], list[np.ndarray], str]:
     session, info = create_session(model, graph_optimization_level="all")
     wanted = {i.name for i in session.get_inputs()}
     outputs = session.run(None, {k: v for k, v in feeds.items() if k in wanted})
@@ -44,7 +47,9 @@ def _onnxruntime(model: Any, feeds: dict[str, np.ndarray]) -> tuple[list[str], l
 
 
 @PARITY_RUNNERS.register("onnx-reference")
-def _onnx_reference(model: Any, feeds: dict[str, np.ndarray]) -> tuple[list[str], list[np.ndarray], str]:
+def _onnx_reference(
+    model: bytes | Path, feeds: dict[str, np.ndarray]
+) -> tuple[list[str], list[np.ndarray], str]:
     import onnx
     from onnx.reference import ReferenceEvaluator
 
@@ -123,7 +128,7 @@ class ParityReport:
 
 
 def check_parity(
-    model: bytes | Any,
+    model: bytes | Path,
     feeds: dict[str, np.ndarray],
     reference: list[tuple[str, Any]],
     atol: float,

@@ -15,7 +15,7 @@ import ast
 import re
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import onnx
@@ -27,7 +27,7 @@ __all__ = ["SCOPE_READERS", "module_path_for", "scope_counts"]
 _CALL_SUFFIX = re.compile(r"^(.*?)(?:_\d+|@\d+)$")
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
-ScopeReader = Callable[[Any, set[str]], str | None]
+ScopeReader = Callable[["onnx.NodeProto", set[str]], str | None]
 SCOPE_READERS: Registry[ScopeReader] = Registry("exporter")
 
 
@@ -42,7 +42,7 @@ def _resolve(candidate: str, paths: set[str]) -> str | None:
 
 
 @SCOPE_READERS.register("dynamo")
-def _dynamo_scope(node: Any, paths: set[str]) -> str | None:
+def _dynamo_scope(node: onnx.NodeProto, paths: set[str]) -> str | None:
     raw = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES_KEY), None)
     if raw is None:
         return None
@@ -60,7 +60,7 @@ def _dynamo_scope(node: Any, paths: set[str]) -> str | None:
 
 
 @SCOPE_READERS.register("torchscript")
-def _torchscript_scope(node: Any, paths: set[str]) -> str | None:
+def _torchscript_scope(node: onnx.NodeProto, paths: set[str]) -> str | None:
     name = node.name or ""
     if not name.startswith("/"):
         return None
