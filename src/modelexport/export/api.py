@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +51,7 @@ from .loading import LoadedModel, load_model
 from .package import PACKAGE_STEPS, PackageState, run_package_steps
 from .parity import check_parity, flatten_outputs, output_names_for, runner_for
 from .report import render_export_report
+from .result import ExportResult
 from .seq2seq import SEQ2SEQ_FILES, build_seq2seq_inputs, check_seq2seq_config, is_seq2seq_task
 from .steps import StepInputs
 from .topology import compare_topology
@@ -78,55 +79,6 @@ BF16_NOTE = (
     "bfloat16 graph: ONNX Runtime's CPU provider has no bfloat16 kernels, so parity ran on onnx's reference "
     "evaluator; serve it on a provider with bfloat16 kernels"
 )
-
-
-@dataclass
-class ExportResult:
-    """What an export produced and what was verified."""
-
-    output_dir: Path
-    onnx_path: Path
-    hierarchy_path: Path
-    exporter: str
-    opset: int
-    node_count: int
-    coverage: dict[str, Any]
-    parity: dict[str, Any] | None
-    topology_identical: bool | None
-    stages: list[dict[str, Any]]
-    files: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    #: What the package steps produced (metadata and its stats, generation and embedding records, the
-    #: optimized and quantized copies); None where no steps ran.
-    package: PackageState | None = None
-    #: A multi-graph package (encoder-decoder generation): each graph's own result, by file name.
-    components: dict[str, ExportResult] = field(default_factory=dict)
-
-    @property
-    def report_path(self) -> Path | None:
-        name = self.files.get("report")
-        return self.output_dir / name if name else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "output_dir": str(self.output_dir),
-            "onnx_path": str(self.onnx_path),
-            "hierarchy_path": str(self.hierarchy_path),
-            "exporter": self.exporter,
-            "opset": self.opset,
-            "node_count": self.node_count,
-            "coverage": self.coverage,
-            "parity": self.parity,
-            "topology_identical": self.topology_identical,
-            "stages": self.stages,
-            "files": self.files,
-            "notes": self.notes,
-            **(
-                {"components": {k: v.to_dict() for k, v in self.components.items()}}
-                if self.components
-                else {}
-            ),
-        }
 
 
 def _load_tokenizer(loaded: LoadedModel) -> PreTrainedTokenizerBase | None:

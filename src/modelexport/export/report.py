@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["ReportedExport", "render_export_report"]
+if TYPE_CHECKING:
+    from .result import ExportResult
 
-
-class ReportedExport(Protocol):
-    """What the report reads of an export's result (:class:`.api.ExportResult`, which imports this module)."""
-
-    exporter: str
-    opset: int
-    node_count: int
-    coverage: dict[str, Any]
-    parity: dict[str, Any] | None
-    topology_identical: bool | None
-    stages: list[dict[str, Any]]
-    notes: list[str]
+__all__ = ["render_export_report"]
 
 
-def render_export_report(result: ReportedExport, model_info: dict[str, Any]) -> str:
+def render_export_report(result: ExportResult, model_info: dict[str, Any]) -> str:
     cov = result.coverage
     lines = [
         f"# Export report: {model_info['class']}",
