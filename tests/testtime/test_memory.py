@@ -13,7 +13,7 @@ from modelexport.errors import TestTimeError
 from modelexport.testtime import POLICY_PRESETS, STATISTICS, BNAdapter, TestTimeEngine, TestTimePolicy
 from modelexport.testtime.adapt import channel_stats
 from modelexport.testtime.corruptions import corrupt
-from modelexport.testtime.graph import SAMPLE_STATS, mix_weight, mixed_statistics
+from modelexport.testtime.graph import SAMPLE_STATS, mix_variance_gate, mix_weight, mixed_statistics
 from modelexport.testtime.memory import StatisticsMemory, balanced_keep
 from modelexport.testtime.streams import CollapseGuard
 from modelexport.testtime.tail import STEP_EXAMPLES
@@ -107,6 +107,76 @@ def test_blend_is_the_mixture_with_the_source_and_deep_layers_weigh_coverage(dig
 
 
 @pytest.mark.must
+def test_the_shift_gate_keeps_the_stem_variances_until_the_memory_moves_away(
+    digits_export: Any, digits: Any
+) -> None:
+    """The gate measures the variance part of KL(memory || source) per stem channel: a memory drawn with the
+    source's own variances keeps it shut (the stem's variances stay the source's, its means blend as before,
+    deep layers blend as before); one whose stem variance dropped to a fifth (a contrast loss) opens it fully.
+    In the graph, the variance gate input at 0 mixes the batch into the mean only."""
+    adapter = BNAdapter(digits_export.onnx_path)
+    prior, ungated = adapter.prior(16.0, 64.0, gate=0.1), adapter.prior(16.0, 64.0)
+    stem, s = adapter.channels[0], len(prior.mean)
+    assert prior.gated == [stem] and ungated.gated == []
+    rng = np.random.default_rng(0)
+
+    def memory(var_scale: float) -> StatisticsMemory:
+        var = prior.var.copy()
+        var[stem] *= var_scale
+        means = prior.mean + 0.5 * np.sqrt(prior.var) + rng.normal(size=(128, s)) * np.sqrt(var) * 0.3
+        squares = means**2 + var * (1 - 0.09)  # pooled variance: var (between examples 9%, within the rest)
+        bank = StatisticsMemory(128, 2 * s, 10)
+        bank.add(np.concatenate([means, squares], axis=1), np.arange(128) % 10)
+        return bank
+
+    clean, shifted = memory(1.0), memory(0.2)
+    assert prior.shift(clean)[0] < 0.02 and prior.gates(clean) == [0.0]
+    assert prior.shift(shifted)[0] > 0.3 and prior.gates(shifted) == [1.0]
+    mean, var = prior.blend(clean, prior.gates(clean))
+    free_mean, free_var = ungated.blend(clean)
+    np.testing.assert_allclose(var[stem], prior.var[stem], rtol=1e-12)  # shut: the source's variances
+    assert not np.allclose(mean[stem], prior.mean[stem])  # the means follow the memory
+    np.testing.assert_allclose(mean, free_mean, rtol=1e-12)
+    np.testing.assert_allclose(var[stem.stop :], free_var[stem.stop :], rtol=1e-9)  # deep: as without a gate
+    opened = prior.blend(shifted, prior.gates(shifted))
+    np.testing.assert_allclose(opened[1], ungated.blend(shifted)[1], rtol=1e-9)
+    feeds = {"x": digits.x_test[:40], mix_weight(0): np.asarray(1.0, np.float32)}
+    both = adapter.run(feeds, None, list(mixed_statistics(0)))
+    mean_only = adapter.run(
+        {**feeds, mix_variance_gate(0): np.asarray(0.0, np.float32)}, None, list(mixed_statistics(0))
+    )
+    np.testing.assert_allclose(mean_only[0], both[0], rtol=1e-6)  # the batch's mean
+    np.testing.assert_array_equal(mean_only[1], adapter.source_state[adapter.layers[0].var])
+
+
+@pytest.mark.sanity
+def test_the_default_stem_keeps_its_variances_on_clean_digits_and_adapts_them_to_contrast(
+    digits_export: Any, digits: Any
+) -> None:
+    """Along a class-sorted stream of the trained digits CNN, the default policy's stem BN layer (adapted
+    model of the next batch) keeps the source variances on clean digits (their stem variances are within 0.1
+    nats a channel of the source's) while its means follow the stream, and moves its variances to the
+    corrupted data's under a contrast loss; without the gate (``shift_gate=0``) they move on clean digits too."""
+    path, y = digits_export.onnx_path, digits.y_test
+    layer = BNAdapter(path).layers[0]
+    source = BNAdapter(path).source_state
+
+    def stem(policy: TestTimePolicy, x: np.ndarray) -> dict[str, np.ndarray]:
+        engine = TestTimeEngine(path, policy)
+        _, stream = run_stream(engine, policy, x, y, "class-sorted", 32)
+        adapted = engine.adapted_model({"x": x[:32]}, stream)  # type: ignore[arg-type]
+        return BNAdapter(adapted).source_state
+
+    contrast = corrupt(digits.x_test, "contrast", 3, seed=0)
+    clean = stem(TestTimePolicy(ttt="bn"), digits.x_test)
+    np.testing.assert_allclose(clean[layer.var], source[layer.var], rtol=1e-6)
+    assert not np.allclose(clean[layer.mean], source[layer.mean], rtol=1e-3)
+    ungated = stem(TestTimePolicy(ttt="bn", shift_gate=0.0), digits.x_test)
+    assert not np.allclose(ungated[layer.var], source[layer.var], rtol=1e-2)
+    assert np.median(stem(TestTimePolicy(ttt="bn"), contrast)[layer.var] / source[layer.var]) < 0.5
+
+
+@pytest.mark.must
 def test_streams_are_per_caller_and_a_call_without_one_keeps_nothing(digits_export: Any, digits: Any) -> None:
     """Four callers stream their own batches through one engine at once: each gets what it gets alone."""
     engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
@@ -139,6 +209,7 @@ def test_streams_are_per_caller_and_a_call_without_one_keeps_nothing(digits_expo
         ({"memory_size": 0}, "memory_size"),
         ({"stem_prior": -1.0}, "stem_prior"),
         ({"deep_prior": float("inf")}, "deep_prior"),
+        ({"shift_gate": -0.1}, "shift_gate"),
         ({"momentum": 0.5}, "--statistics batch"),
         ({"bn_prior": 16.0}, "--statistics batch"),
     ],

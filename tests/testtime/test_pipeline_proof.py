@@ -4,9 +4,10 @@ The image pipeline trains on a PNG folder of digits with seed 1 (the design was 
 test folders are corrupted in pixel space and read through the package's processor, class by class as a folder
 is read (tests/testtime/pipeline_folder.py). ``--ttt bn`` with its defaults, against plain inference, in batches
 of 40 and 1, streamed as read and class-sorted. Met and pinned as measured (docs/benchmarks.md, final round):
-contrast and the issue's noise 2 + contrast 2 recover 88-95%; Gaussian noise 4 recovers only 18-23% (exact BN
-on i.i.d. batches: 45%) and clean class-ordered streams lose up to 2 points, because this network's stem layer
-tells classes apart. The whole table: ``python benchmarks/test_time.py --streams --grid final``.
+contrast and the issue's noise 2 + contrast 2 recover 86-92%; Gaussian noise 4 recovers only 18-24% (exact BN
+on i.i.d. batches: 45%). Clean class-ordered streams stay within 1.01 points of plain (6 of 597 digits) with the
+stem's shift gate, and lose up to 2 points without it (``shift_gate=0``), because this network's stem variances
+tell classes apart. The whole table: ``python benchmarks/test_time.py --streams --grid final``.
 
     .venv/bin/python -m pytest tests/testtime/test_pipeline_proof.py -m slow -s
 """
@@ -23,8 +24,10 @@ from tests.testtime.robustness import COMBINED, matrix, recovery
 SETS = ("contrast@4", COMBINED, "gaussian_noise@4")
 #: Recovery at least (batch 40, batch 1); noise is the measured miss (23% / 18%), pinned below it.
 FLOOR = {"contrast@4": (0.5, 0.3), COMBINED: (0.5, 0.3), "gaussian_noise@4": (0.1, 0.1)}
-#: The clean class-ordered streams' measured loss (up to 2.0 points), pinned with room for retraining noise.
-CLEAN_GAP = -0.03
+#: The clean class-ordered streams' measured loss (up to 1.01 points), pinned with room for retraining noise.
+CLEAN_GAP = -0.015
+#: Without the shift gate the worst of them lost 2.0 points: the gate must keep at least half a point of that.
+GATE_GAIN = 0.005
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +46,20 @@ def test_default_bn_on_the_pipelines_own_network_read_as_a_folder(folder_model: 
         folder_model.labels,
         (40, 1),
         ("as-is", "class-sorted"),
-        ("none", "bn"),
+        ("none", "bn", "bn-ungated"),
         seed=1,
     )
     accuracy = {(c.data, c.order, c.batch, c.method): c.accuracy for c in cells}
     assert accuracy[("clean", "as-is", 40, "none")] > 0.97
-    for order in ("as-is", "class-sorted"):
-        for batch in (40, 1):
-            gap = accuracy[("clean", order, batch, "bn")] - accuracy[("clean", order, batch, "none")]
-            assert gap >= CLEAN_GAP, (order, batch, gap)
+    worst = {}
+    for method in ("bn", "bn-ungated"):
+        worst[method] = min(
+            accuracy[("clean", order, batch, method)] - accuracy[("clean", order, batch, "none")]
+            for order in ("as-is", "class-sorted")
+            for batch in (40, 1)
+        )
+    assert worst["bn"] >= CLEAN_GAP, worst
+    assert worst["bn"] >= worst["bn-ungated"] + GATE_GAIN, worst
     recovered = recovery(cells)
     for data, (at_40, at_1) in FLOOR.items():
         for order in ("as-is", "class-sorted"):

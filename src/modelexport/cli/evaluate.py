@@ -115,6 +115,14 @@ def _table(result: EvaluationResult) -> str:
     help="--statistics memory: the source statistics' weight (examples) in the deeper BN layers.",
 )
 @click.option(
+    "--shift-gate",
+    type=click.FloatRange(0, None),
+    default=0.1,
+    show_default=True,
+    help="--statistics memory: the stem BN layers' variances adapt only once the memory's are this far from the "
+    "source's (nats a channel; fully from twice it; 0: always); their means always follow.",
+)
+@click.option(
     "--bn-prior",
     type=float,
     default=0.0,
@@ -215,6 +223,7 @@ def evaluate_cmd(
     memory_size: int,
     stem_prior: float,
     deep_prior: float,
+    shift_gate: float,
     bn_prior: float,
     order: str,
     stream: bool,
@@ -253,6 +262,7 @@ def evaluate_cmd(
         memory_size=memory_size,
         stem_prior=stem_prior,
         deep_prior=deep_prior,
+        shift_gate=shift_gate,
         bn_prior=bn_prior,
         episodic=not stream,
         reset_every=reset_every,

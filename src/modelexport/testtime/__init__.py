@@ -15,9 +15,9 @@ Stable public API (other parts of modelexport and users build on these names)::
 - ``TestTimePolicy`` (frozen, validated; ``to_dict``/``from_dict``; presets in ``POLICY_PRESETS``): TTA transforms
   and aggregator, ``modality`` (auto/image/text/tensor), ``adaptive_threshold``, ``batched``, ``ttt``
   (none/bn/tent/sar), ``statistics`` (``memory``: robust, the default; ``batch``: each batch's own),
-  ``memory_size``/``stem_prior``/``deep_prior`` (memory statistics), ``ttt_iterations``, ``momentum``/``bn_prior``
-  (batch statistics), ``learning_rate``, ``episodic`` (default False: adaptation is continual along a stream),
-  ``reset_every``, ``collapse_threshold``/``collapse_window`` (the collapse guard), ``label_shift_alpha``
+  ``memory_size``/``stem_prior``/``deep_prior``/``shift_gate`` (memory statistics), ``ttt_iterations``,
+  ``momentum``/``bn_prior`` (batch statistics), ``learning_rate``, ``episodic`` (default False: adaptation is
+  continual along a stream), ``reset_every``, ``collapse_threshold``/``collapse_window`` (the collapse guard), ``label_shift_alpha``
   (the label-shift guard of batch statistics), ``prior_correction``, ``reliable_entropy``, ``mc_dropout``,
   ``seed``.
 - Robust statistics (``memory``): ``StatisticsMemory`` (a class-balanced memory of each stream's recent

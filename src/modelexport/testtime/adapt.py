@@ -37,6 +37,7 @@ from .graph import (
     initializer_arrays,
     load_model,
     mix_batch_statistics,
+    mix_variance_gate,
     mix_weight,
     node_label,
     write_initializers,
@@ -151,6 +152,7 @@ class BNAdapter:
         ]
         self._dtype = self.source_state[self.layers[0].mean].dtype
         self._weight_names = [mix_weight(i) for i in self.mixed]
+        self._gate_names = [mix_variance_gate(i) for i in self.mixed]
         self._feed_slices = [
             (x.mean, x.var, part) for x, part in zip(self.layers, self.channels, strict=True)
         ]
@@ -204,23 +206,31 @@ class BNAdapter:
                 state[layer.var] = var.astype(prior[layer.var].dtype)
         return state
 
-    def prior(self, stem_strength: float, deep_strength: float) -> StatisticsPrior:
+    def prior(self, stem_strength: float, deep_strength: float, gate: float = 0.0) -> StatisticsPrior:
         """The source statistics over every BN channel; stem layers' channels weigh ``stem_strength``
-        pseudo-examples, the others ``deep_strength``."""
+        pseudo-examples, the others ``deep_strength``; the stem layers adapt past a shift of ``gate``."""
         mean = np.concatenate([self.source_state[x.mean] for x in self.layers]).astype(np.float64)
         var = np.concatenate([self.source_state[x.var] for x in self.layers]).astype(np.float64)
         strength, deep = np.empty_like(mean), np.empty(len(mean), bool)
         for part, stem in zip(self.channels, self.stem, strict=True):
             strength[part], deep[part] = (stem_strength if stem else deep_strength), not stem
-        return StatisticsPrior(mean, var, strength, deep)
+        gated = [self.channels[i] for i in self.mixed]
+        return StatisticsPrior(mean, var, strength, deep, gated, gate)
 
     def statistics_feeds(
-        self, mean: np.ndarray | None, var: np.ndarray | None, batch_weight: float
+        self,
+        mean: np.ndarray | None,
+        var: np.ndarray | None,
+        batch_weight: float,
+        variance_gates: list[float] | None = None,
     ) -> BNState:
-        """Feeds for the given statistics over every BN channel (None: the source's) and the weight of the
-        batch's own statistics in the stem layers."""
-        weight = np.asarray(batch_weight, self._dtype)
-        feeds: BNState = dict.fromkeys(self._weight_names, weight)
+        """Feeds for the given statistics over every BN channel (None: the source's), the weight of the
+        batch's own statistics in the stem layers and (per stem layer) the share of it their variances take."""
+        feeds: BNState = dict.fromkeys(self._weight_names, np.asarray(batch_weight, self._dtype))
+        if variance_gates is not None:
+            feeds.update(
+                (k, np.asarray(g, self._dtype)) for k, g in zip(self._gate_names, variance_gates, strict=True)
+            )
         if mean is not None and var is not None:
             mean, var = mean.astype(self._dtype), var.astype(self._dtype)
             for m, v, part in self._feed_slices:

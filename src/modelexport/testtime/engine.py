@@ -111,7 +111,9 @@ class TestTimeEngine:
         self._prior: StatisticsPrior | None = None
         self._tail: Tail | None = None
         if self.adapter is not None and self.policy.statistics == "memory":
-            self._prior = self.adapter.prior(self.policy.stem_prior, self.policy.deep_prior)
+            self._prior = self.adapter.prior(
+                self.policy.stem_prior, self.policy.deep_prior, self.policy.shift_gate
+            )
             if ADAPTATION_METHODS.get(self.policy.ttt).step is not None:  # built once, shared by every stream
                 self._tail = Tail.build(self.adapter, self.output_name, self.policy.step_layers)
 
@@ -303,8 +305,9 @@ class TestTimeEngine:
         count = bank.size if bank is not None else 0
         weight = n / (n + count + self.policy.stem_prior)
         if count:
-            mean, var = prior.blend(bank)  # type: ignore[arg-type]
-            state = adapter.statistics_feeds(mean, var, weight)
+            gates = prior.gates(bank) if prior.gated else None  # type: ignore[arg-type]
+            mean, var = prior.blend(bank, gates)  # type: ignore[arg-type]
+            state = adapter.statistics_feeds(mean, var, weight, gates)
         else:
             state = adapter.statistics_feeds(None, None, weight)
         if affine:

@@ -26,6 +26,7 @@ __all__ = [
     "constant_value",
     "has_upstream",
     "mix_batch_statistics",
+    "mix_variance_gate",
     "mix_weight",
     "mixed_statistics",
     "node_label",
@@ -239,6 +240,12 @@ def mix_weight(index: int) -> str:
     return f"{MIX_PREFIX}{index}.weight"
 
 
+def mix_variance_gate(index: int) -> str:
+    """The scalar input: the share of :func:`mix_weight` the variance of mixed BN layer ``index`` takes
+    (default 1; 0: the layer's variance stays the given one while its mean mixes in the batch's)."""
+    return f"{MIX_PREFIX}{index}.variance_gate"
+
+
 def mixed_statistics(index: int) -> tuple[str, str]:
     """The outputs: the mean and variance mixed BN layer ``index`` normalised with."""
     return f"{MIX_PREFIX}{index}.mean", f"{MIX_PREFIX}{index}.var"
@@ -262,9 +269,10 @@ def _per_example(g: _Nodes, x: str, rank: int | None, p: str, pooled: bool) -> t
 
 
 def _mixed(g: _Nodes, m: str, q: str, axes: list[int], mean: str, var: str, index: int) -> tuple[str, str]:
-    """The mixture of the prior (``mean``, ``var``) with weight 1 - w and the batch's statistics with weight w::
+    """The mixture of the prior (``mean``, ``var``) with weight 1 - w and the batch's statistics with weight w,
+    the variance with weight v = w * gate (:func:`mix_variance_gate`, default 1)::
 
-    mean' = mean + w d,  var' = var + w (batch_var - var) + w (1 - w) d^2,  d = batch_mean - mean
+    mean' = mean + w d,  var' = var + v (batch_var - var) + v (1 - v) d^2,  d = batch_mean - mean
 
     exact at w = 0 (the prior) and w = 1 (train-mode BatchNorm on the batch)."""
     p, w = f"{MIX_PREFIX}{index}", mix_weight(index)
@@ -274,8 +282,10 @@ def _mixed(g: _Nodes, m: str, q: str, axes: list[int], mean: str, var: str, inde
     wd = g.add("Mul", [w, d], f"{p}.wd")
     out_mean, out_var = mixed_statistics(index)
     g.add("Add", [mean, wd], out_mean)
-    spread = g.add("Add", [var, g.add("Mul", [w, g.add("Sub", [bv, var], f"{p}.dv")], f"{p}.wdv")], f"{p}.v0")
-    cross = g.add("Mul", [wd, g.add("Sub", [d, wd], f"{p}.d1")], f"{p}.cross")
+    v = g.add("Mul", [w, mix_variance_gate(index)], f"{p}.v")
+    vd = g.add("Mul", [v, d], f"{p}.vd")
+    spread = g.add("Add", [var, g.add("Mul", [v, g.add("Sub", [bv, var], f"{p}.dv")], f"{p}.wdv")], f"{p}.v0")
+    cross = g.add("Mul", [vd, g.add("Sub", [d, vd], f"{p}.d1")], f"{p}.cross")
     g.add("Add", [spread, cross], out_var)
     return out_mean, out_var
 
@@ -320,10 +330,11 @@ def mix_batch_statistics(model: onnx.ModelProto, bn_nodes: list[str], mixed: set
     out.graph.node.extend(nodes)
     out.graph.initializer.extend(g.initializers)
     dtype = _elem_type(out, found[bn_nodes[0]].input[3]) if bn_nodes else onnx.TensorProto.FLOAT
-    for i in sorted(mixed):  # the weight has the statistics' type (Mul needs one type)
-        zero = np.zeros((), helper.tensor_dtype_to_np_dtype(dtype))
-        out.graph.initializer.append(numpy_helper.from_array(zero, mix_weight(i)))
-        out.graph.input.append(helper.make_tensor_value_info(mix_weight(i), dtype, []))
+    for i in sorted(mixed):  # the weights have the statistics' type (Mul needs one type)
+        for name, value in ((mix_weight(i), 0.0), (mix_variance_gate(i), 1.0)):
+            default = np.full((), value, helper.tensor_dtype_to_np_dtype(dtype))
+            out.graph.initializer.append(numpy_helper.from_array(default, name))
+            out.graph.input.append(helper.make_tensor_value_info(name, dtype, []))
     outputs = [SAMPLE_STATS, *(name for i in sorted(mixed) for name in mixed_statistics(i))]
     out.graph.output.extend(helper.make_tensor_value_info(o, dtype, None) for o in outputs)
     return out

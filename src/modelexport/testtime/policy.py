@@ -61,6 +61,7 @@ _NUMBER_FIELDS: dict[str, type | tuple[type, ...]] = {
     "memory_size": int,
     "stem_prior": (int, float),
     "deep_prior": (int, float),
+    "shift_gate": (int, float),
     "step_layers": int,
 }
 
@@ -108,6 +109,10 @@ class TestTimePolicy:
     #: batch itself: a class-sorted batch must not normalise its own class-specific features; the memory
     #: counts there by the square of the share of the classes it covers).
     deep_prior: float = 64.0
+    #: memory: the stem layers' variances adapt only once the memory's differ from the source's by more than
+    #: this (nats a channel: the variance part of the KL divergence; fully from twice it); their means always
+    #: follow. A clean stream keeps the source's stem variances (0: no gate).
+    shift_gate: float = 0.1
     #: batch statistics: passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
     #: Tent / sar: gradient steps per batch (None: 1, as in the paper).
     ttt_iterations: int | None = None
@@ -205,11 +210,11 @@ class TestTimePolicy:
                 f"memory_size must be in [1, {MAX_MEMORY:,}] examples, got {self.memory_size}",
                 hint=VALUE_HINT,
             )
-        for name in ("stem_prior", "deep_prior"):
+        for name, unit in (("stem_prior", "examples"), ("deep_prior", "examples"), ("shift_gate", "nats")):
             value = getattr(self, name)
             if not 0 <= value < math.inf:
                 raise TestTimeError(
-                    f"{name} must be a finite number of examples >= 0, got {value}", hint=VALUE_HINT
+                    f"{name} must be a finite number of {unit} >= 0, got {value}", hint=VALUE_HINT
                 )
         if self.statistics == "memory" and (self.momentum != 1.0 or self.bn_prior != 0.0):
             raise TestTimeError(
