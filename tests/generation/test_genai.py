@@ -1,8 +1,9 @@
-"""``genai_config.json``: a decoder package that onnxruntime-genai runs too (the tiny Llama and Qwen2, fp32 and int4).
+"""``genai_config.json``: a decoder package that onnxruntime-genai runs too (the tiny Llama and Qwen2, fp32
+and int4).
 
 The config must name exactly what the graph takes and returns, stay true after ``quantize`` (which writes the
-graph under another name), and be absent where onnxruntime-genai cannot run the graph. The generation tests run
-onnxruntime-genai itself on our package when it is importable: a benchmark-only package installed beside
+graph under another name), and be absent where onnxruntime-genai cannot run the graph. The generation tests
+run onnxruntime-genai itself on our package when it is importable: a benchmark-only package installed beside
 modelexport (never one of its dependencies; see docs/development.md), skipped where it is not installed.
 """
 
@@ -85,8 +86,8 @@ def test_config_names_exactly_what_the_graph_takes_and_returns(name: str, packag
 
 
 def _genai_greedy(folder: Path, prompts: list[list[int]], new: int) -> list[list[int]]:
-    """onnxruntime-genai's greedy continuations of a batch of token-id prompts (it right-pads them itself; a row
-    that ends keeps its eos out of the sequence and gets pads while the others go on)."""
+    """onnxruntime-genai's greedy continuations of a batch of token-id prompts (it right-pads them itself; a
+    row that ends keeps its eos out of the sequence and gets pads while the others go on)."""
     og = pytest.importorskip(
         "onnxruntime_genai", reason="onnxruntime-genai (benchmark-only) is not installed"
     )

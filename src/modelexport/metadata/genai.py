@@ -81,7 +81,8 @@ def _template(names: Sequence[str]) -> str | None:
 
 def _why_not_runnable(model: onnx.ModelProto, record: Mapping[str, Any]) -> str | None:
     """Why onnxruntime-genai's decoder loop cannot drive the graph (None: it can): the graph must take only
-    the inputs it feeds and return only logits and the present, a cache of one head size in a type it keeps."""
+    the inputs it feeds and return only logits and the present, a cache of one head size in a type it
+    keeps."""
     inputs, outputs = graph_io(model)
     cache_in, cache_out = list(record.get("cache_inputs") or ()), list(record.get("cache_outputs") or ())
     layout = record.get("cache") or {}
@@ -93,11 +94,11 @@ def _why_not_runnable(model: onnx.ModelProto, record: Mapping[str, Any]) -> str 
         return f"the cache is {layout.get('dtype')}; onnxruntime-genai keeps float32 or float16"
     types = {v["name"]: v["dtype"] for v in inputs}
     extra = [n for n in types if n not in (*_TOKEN_INPUTS, *cache_in)]
-    if extra or "input_ids" not in types or any(n not in types for n in cache_in):
-        return (
-            f"inputs {', '.join(extra or ['input_ids'])}: onnxruntime-genai feeds a decoder only "
-            f"{', '.join(_TOKEN_INPUTS)} and the past"
-        )
+    if extra:
+        fed = ", ".join(_TOKEN_INPUTS)
+        return f"inputs {', '.join(extra)}: onnxruntime-genai feeds a decoder only {fed} and the past"
+    if "input_ids" not in types or any(n not in types for n in cache_in):
+        return "the graph takes no input_ids or not its whole past (onnxruntime-genai feeds both)"
     index_types = {types[n] for n in _TOKEN_INPUTS[1:] if n in types}
     if len(index_types) > 1 or not index_types <= set(_INDEX_TYPES):
         return "attention_mask and position_ids must share one type, int32 or int64"
@@ -112,7 +113,8 @@ def _why_not_runnable(model: onnx.ModelProto, record: Mapping[str, Any]) -> str 
 
 
 def _decoder_io(model: onnx.ModelProto, record: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
-    """``decoder.inputs`` / ``decoder.outputs`` naming the graph's own inputs and outputs (a runnable graph)."""
+    """``decoder.inputs`` / ``decoder.outputs`` naming the graph's own inputs and outputs (of a runnable
+    graph)."""
     names = {v["name"] for v in graph_io(model)[0]}
     cache_in, cache_out = list(record["cache_inputs"]), list(record["cache_outputs"])
     decoder_in = {n: n for n in _TOKEN_INPUTS if n in names}

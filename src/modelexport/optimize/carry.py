@@ -204,7 +204,8 @@ def copy_package_files(src_dir: Path, dst_dir: Path, names: Iterable[str]) -> li
 
 
 def _retarget_genai(model: onnx.ModelProto, dst: Path, copied: list[str]) -> list[str]:
-    """The copied genai_config.json pointed at the transformed graph ``dst``; dropped when it no longer fits."""
+    """The copied genai_config.json pointed at the transformed graph ``dst``; dropped when it no longer
+    fits."""
     staged = dst.parent / GENAI_CONFIG_FILE
     mismatch = retarget_genai_config(staged, model, dst.name)
     if mismatch is None:
