@@ -8,7 +8,9 @@ int4: ``python -m onnxruntime_genai.models.builder``, benchmark-only, needs tran
 ``ORTModelForCausalLM`` (``optimum-cli export onnx``, run with ``--optimum-python``, default
 ``.venv-compat/bin/python``), and ours: ``export --optimize O2`` (fp32), + ``quantize`` dynamic int8, + ``quantize
 --weights int4`` (the default: onnxruntime-genai's format) and int4 with the normalization-reading projections at
-int8 (``--mixed-precision norm_inputs``). Every engine runs in a fresh process per round and thread count
+int8 (``--mixed-precision norm_inputs``); and onnxruntime-genai running our int4 package itself
+(``genai_on_ours_int4``: the same graph through its ``genai_config.json``, the other runtime's decoding loop).
+Every engine runs in a fresh process per round and thread count
 (load time and peak RSS are that process's), rounds interleaved; per-token = (best 64-token run - best 1-token
 run) / 63, prefill = best 1-token run; ``start_s`` = wall time of a whole process that loads the model and makes
 one token (``modelexport infer`` for ours); peak RSS = the process's ``VmHWM``, with every engine's model files
@@ -357,6 +359,8 @@ def _build_cpu_llm(src: Path, root: Path, optimum_python: str) -> dict[str, tupl
             else:
                 modelexport.quantize(o2, out / "model.onnx", overwrite=True, **how)
         engines[name] = ("ours", out, me)
+    if _has(me, "onnxruntime_genai") and (root / "ours_int4" / "genai_config.json").is_file():
+        engines["genai_on_ours_int4"] = ("genai", root / "ours_int4", me)  # our graph, the other runtime
     return engines
 
 
@@ -584,6 +588,12 @@ def _cpu_llm_ratios(table: dict[str, dict[str, Any]], threads: list[int]) -> dic
             out[f"int4_per_token_vs_ours_int8_{t}t"] = ratio(ours[t]["per_token_ms"], int8[t]["per_token_ms"])
         if ours and genai:
             out[f"int4_prefill_vs_genai_int4_{t}t"] = ratio(ours[t]["prefill_ms"], genai[t]["prefill_ms"])
+    same_graph = table.get("genai_on_ours_int4")
+    for t in threads:  # one graph, two runtimes: what our decoding loop costs against onnxruntime-genai's
+        if ours and same_graph:
+            out[f"int4_per_token_ours_vs_genai_runtime_same_graph_{t}t"] = ratio(
+                ours[t]["per_token_ms"], same_graph[t]["per_token_ms"]
+            )
     first = threads[0]
     if ours and genai:
         out["int4_load_vs_genai_int4"] = ratio(
@@ -623,6 +633,10 @@ def _cpu_llm(args: argparse.Namespace) -> int:
         "int4_ours_vs_genai_same_tokens": table["ours_int4"][threads[0]]["tokens"]
         == table["genai_int4"][threads[0]]["tokens"]
         if "genai_int4" in table and "ours_int4" in table
+        else None,
+        "int4_genai_runtime_on_ours_same_tokens": table["ours_int4"][threads[0]]["tokens"]
+        == table["genai_on_ours_int4"][threads[0]]["tokens"]
+        if "genai_on_ours_int4" in table and "ours_int4" in table
         else None,
     }
     targets = {

@@ -6,8 +6,9 @@ A block runs as written unless an HTML comment right above it (invisible on the 
   written to ``NAME`` in the page's working directory, not run.
 - ``<!-- docs: slow -->``: runs in ``make test-slow`` only (minutes: the full pipeline, Ray, encoder-decoders).
 - ``<!-- docs: exit N -->``: each command is expected to exit with ``N`` (examples of errors).
-- ``<!-- docs: check REASON -->``: needs what a test machine lacks (a GPU, a running Ray cluster, a browser):
-  each ``modelexport`` command is parsed against the command's real options, not run.
+- ``<!-- docs: check REASON -->``: needs what a test machine lacks (a GPU, a running Ray cluster, a browser, a
+  benchmark-only package): each ``modelexport`` command is parsed against the command's real options, not run;
+  a Python block is compiled, not run.
 
 A page says which prepared artifacts its working directory starts with in ``<!-- docs: needs a, b -->``.
 Commands that install or build (``pip``, ``make``, ``git clone``) are checked, not run: the extras and

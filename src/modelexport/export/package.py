@@ -6,7 +6,8 @@ or their own frozen dataclasses (:class:`~modelexport.metadata.build.ExportFacts
 :class:`~modelexport.optimize.export_pass.VariantSource`), never this context.
 
 The order is the package's: metadata is embedded first and the generation and embedding records join it;
-the package files (config.json, processor files, export_metadata.json) are written from it; the sentence
+a decoder with a cache gets onnxruntime-genai's genai_config.json from its generation record; the package
+files (config.json, processor files, export_metadata.json) are written from it; the sentence
 step then gives the copied tokenizer config its ``max_seq_length``; the optimized and quantized copies are
 made last, from the graph with its metadata.
 """
@@ -17,14 +18,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .._io import write_json
 from ..hierarchy.sidecar import build_sidecar
 from ..inference.feeds import SampleSet
 from ..metadata.build import ExportFacts
 from ..metadata.embed import MetadataStats, embed_metadata
+from ..metadata.genai import GENAI_CONFIG_FILE, build_genai_config
 from ..metadata.package import GraphSet, Manifest, write_package_files
 from ..metadata.schema import KEY_EMBEDDING, KEY_GENERATION
 from ..metadata.store import update_metadata
-from ..optimize.export_pass import GraphVariant, VariantSource, write_optimized, write_quantized
+from ..onnxfile import variant_file
+from ..optimize.export_pass import (
+    GraphVariant,
+    VariantSource,
+    package_variants,
+    write_optimized,
+    write_quantized,
+)
 from .context import ExportContext
 from .generation import GenerationGraph, write_generation_files
 from .sentence import fit_tokenizer_length
@@ -119,6 +129,40 @@ def generation_step(ctx: ExportContext, state: PackageState) -> PackageState:
     return state
 
 
+def genai_step(ctx: ExportContext, state: PackageState) -> PackageState:
+    """genai_config.json beside a decoder with a key/value cache, naming the graph the folder deploys, so that
+    onnxruntime-genai runs the same package; a graph it cannot run gets none, and the log says why."""
+    record = state.generation
+    if record is None or not record.get("cache"):
+        return state
+    if state.graphs is not None:
+        ctx.stages.skip(
+            "genai",
+            f"onnxruntime-genai runs one decoder graph; this package has {len(state.graphs.components)}",
+        )
+        return state
+    _, deployed = package_variants(ctx.config.optimize, ctx.config.quantize)
+    filename = variant_file(ctx.model_file, deployed) if deployed else ctx.model_file
+    module = ctx.loaded.module
+    built = build_genai_config(
+        ctx.model_proto,
+        record,
+        filename,
+        getattr(module, "config", None),
+        getattr(module, "generation_config", None),
+    )
+    if built.config is None:
+        ctx.stages.skip("genai", built.reason)
+        ctx.notes.append(
+            f"{GENAI_CONFIG_FILE} not written (onnxruntime-genai cannot run this graph): {built.reason}"
+        )
+        return state
+    with ctx.stages.stage("genai", f"onnxruntime-genai config for {filename}"):
+        write_json(ctx.staging_dir / GENAI_CONFIG_FILE, built.config)
+        ctx.files["genai_config"] = GENAI_CONFIG_FILE
+    return replace(state, files=(*state.files, GENAI_CONFIG_FILE))  # listed in the manifest
+
+
 def package_files_step(ctx: ExportContext, state: PackageState) -> PackageState:
     """config.json, processor files and export_metadata.json beside the model (Optimum's layout)."""
     manifest = None
@@ -196,6 +240,7 @@ def quantize_step(ctx: ExportContext, state: PackageState) -> PackageState:
 PACKAGE_STEPS: tuple[PackageStep, ...] = (
     embed_metadata_step,
     generation_step,
+    genai_step,
     package_files_step,
     sentence_step,
     optimize_step,

@@ -71,7 +71,8 @@ class Manifest:
 
     metadata: Mapping[str, Any]
     stats: MetadataStats
-    #: Files earlier steps wrote into the package (every graph of a set, generation_config.json).
+    #: Files earlier steps wrote into the package (every graph of a set, generation_config.json,
+    #: genai_config.json).
     files: tuple[str, ...] = ()
     graphs: GraphSet | None = None
 

@@ -77,10 +77,12 @@ PROCESSOR_FILES = (
     "processor_config.json",
     "chat_template.jinja",
 )
-#: The files of a package besides its graphs: the config (Optimum reads it) and the processor files.
+#: The files of a package besides its graphs: the configs (Optimum reads config.json, onnxruntime-genai
+#: genai_config.json) and the processor files.
 PACKAGE_FILES = (
     "config.json",
     "generation_config.json",
+    "genai_config.json",
     *PROCESSOR_FILES,
     "vocab.txt",
     "vocab.json",

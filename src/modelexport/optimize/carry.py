@@ -10,6 +10,7 @@ the one output rule (:func:`transform_plan`, :mod:`modelexport.onnxfile.output`)
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Iterable
@@ -23,6 +24,7 @@ from ..hierarchy.passes import PassResult
 from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
 from ..metadata import read_metadata, update_metadata
+from ..metadata.genai import GENAI_CONFIG_FILE, retarget_genai_config
 from ..onnxfile import (
     DEFAULT_MODEL_FILE,
     GRAPH_FILE_SUFFIXES,
@@ -53,6 +55,8 @@ __all__ = [
     "copy_package_files",
     "write_transformed",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def carry_metadata(
@@ -199,6 +203,18 @@ def copy_package_files(src_dir: Path, dst_dir: Path, names: Iterable[str]) -> li
     return copied
 
 
+def _retarget_genai(model: onnx.ModelProto, dst: Path, copied: list[str]) -> list[str]:
+    """The copied genai_config.json pointed at the transformed graph ``dst``; dropped when it no longer
+    fits."""
+    staged = dst.parent / GENAI_CONFIG_FILE
+    mismatch = retarget_genai_config(staged, model, dst.name)
+    if mismatch is None:
+        return copied
+    staged.unlink()  # our own copy in the staging folder
+    log.warning("%s not carried: %s", GENAI_CONFIG_FILE, mismatch)
+    return [n for n in copied if n != GENAI_CONFIG_FILE]
+
+
 def write_transformed(
     model: onnx.ModelProto,
     src: Path,
@@ -211,12 +227,16 @@ def write_transformed(
     """Write a transformed model into ``dst`` (in a staging folder): its re-mapped sidecar, the ``package``
     files copied from the source's folder (with a manifest derived from the source's when ``package`` names
     one), then the model (``external_data``: its weights in ``<name>.data`` beside it, whatever their size).
+    A copied ``genai_config.json`` names ``dst`` as its decoder (dropped, and logged, if ``model`` no longer
+    has the inputs and outputs it names).
 
     The source sidecar is read before anything is written (a broken one fails with nothing on disk).
     """
     sidecar = read_sidecar(src)
     package = list(package)
     copied = copy_package_files(src.parent, dst.parent, package)
+    if GENAI_CONFIG_FILE in copied:
+        copied = _retarget_genai(model, dst, copied)
     if PACKAGE_MANIFEST in package:
         write_derived_manifest(src.parent, dst.parent, None, copied)
     side = write_sidecar(sidecar, model, dst, transform)
