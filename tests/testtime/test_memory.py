@@ -71,6 +71,35 @@ def test_memory_keeps_every_class_its_share_and_the_newest() -> None:
 
 
 @pytest.mark.must
+def test_the_memory_keeps_what_balanced_keep_keeps_of_its_entries_and_a_batch() -> None:
+    """The memory finds what it keeps per class (the oldest of a class are dropped), without sorting its
+    capacity: after every batch it must hold exactly what :func:`balanced_keep` picks from its entries and
+    the batch, with their running moments."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        capacity, classes = int(rng.integers(1, 24)), int(rng.integers(1, 8))
+        memory = StatisticsMemory(capacity, 2, classes)
+        labels, ages, rows, clock = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 2)), 0
+        for _ in range(int(rng.integers(1, 12))):
+            n = int(rng.choice([2, 3, 16, 40]))
+            batch = (
+                rng.integers(0, classes, n) if rng.random() < 0.5 else np.full(n, rng.integers(0, classes))
+            )
+            new_rows = rng.standard_normal((n, 2))
+            memory.add(new_rows, batch)
+            labels, rows = np.concatenate([labels, batch]), np.concatenate([rows, new_rows])
+            ages, clock = np.concatenate([ages, clock + 1 + np.arange(n)]), clock + n
+            if len(labels) > capacity:
+                keep = balanced_keep(labels, ages, capacity)
+                labels, ages, rows = labels[keep], ages[keep], rows[keep]
+            held = np.argsort(memory.ages[: memory.size])
+            np.testing.assert_array_equal(memory.ages[: memory.size][held], ages)
+            np.testing.assert_array_equal(memory.classes[: memory.size][held], labels)
+            np.testing.assert_allclose(memory.moments(), rows.mean(axis=0), rtol=1e-12, atol=1e-12)
+            assert memory.distinct == len(np.unique(labels))
+
+
+@pytest.mark.must
 def test_the_quota_of_a_few_classes_equals_the_vectorised_one(monkeypatch: pytest.MonkeyPatch) -> None:
     from modelexport.testtime import memory
 

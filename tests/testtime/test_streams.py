@@ -12,6 +12,7 @@ from modelexport.testtime import ADAPTATION_METHODS, POLICY_PRESETS, BNAdapter, 
 from modelexport.testtime.corruptions import corrupt
 from modelexport.testtime.streams import (
     MIN_BATCH,
+    ClassWindow,
     CollapseGuard,
     StreamOrder,
     chi2_critical,
@@ -274,3 +275,17 @@ def test_collapse_guard_resets_a_collapsing_stream(digits_export: Any, digits: A
     plain, _ = stream_accuracy(path, TestTimePolicy(), x, y, "shuffle", 32)
     both, _ = stream_accuracy(path, wild.with_changes(label_shift_alpha=0.001), x, y, "shuffle", 32)
     assert both >= plain - 0.01
+
+
+@pytest.mark.must
+def test_the_class_window_counts_the_last_predictions_whatever_the_batch_sizes() -> None:
+    """The lazy collapse check's window writes batches into its ring as slices where they fit: its counts must
+    be those of the last ``size`` predictions, before and after the ring wraps, for any batch size."""
+    rng = np.random.default_rng(0)
+    window, seen = ClassWindow(64, 5), np.zeros(0, np.int64)
+    for n in rng.choice([1, 7, 40, 64, 300], 200):
+        classes = rng.integers(0, 5, int(n))
+        window.push(classes)
+        seen = np.concatenate([seen, classes])[-64:]
+        np.testing.assert_array_equal(window.counts, np.bincount(seen, minlength=5))
+        assert sorted(window.ring[window.ring >= 0].tolist()) == sorted(seen.tolist())

@@ -87,6 +87,8 @@ class TestTimeEngine:
         ``session_config`` (the caller's providers, threads and optimization level are kept)."""
         self.policy = policy or TestTimePolicy()
         self.torch_model = torch_model
+        #: The policy's adaptation method (looked up once: the per-batch path is Python-bound on small models).
+        self._method = ADAPTATION_METHODS.get(self.policy.ttt)
         source = load_model(model)
         working = enable_mc_dropout(source, self.policy.seed) if self.policy.mc_dropout else source
         self.adapter: BNAdapter | None = None
@@ -114,7 +116,7 @@ class TestTimeEngine:
             self._prior = self.adapter.prior(
                 self.policy.stem_prior, self.policy.deep_prior, self.policy.shift_gate
             )
-            if ADAPTATION_METHODS.get(self.policy.ttt).step is not None:  # built once, shared by every stream
+            if self._method.step is not None:  # built once, shared by every stream
                 self._tail = Tail.build(self.adapter, self.output_name, self.policy.step_layers)
 
     # ----------------------------------------------------------------------------------------- introspection
@@ -180,8 +182,7 @@ class TestTimeEngine:
     def _adapt(self, feeds: dict[str, np.ndarray], stream: Stream) -> BNState | None:
         if self.adapter is None:
             return None
-        p = self.policy
-        method = ADAPTATION_METHODS.get(p.ttt)
+        p, method = self.policy, self._method
         assert method.adapt is not None
         if p.episodic:
             return method.adapt(self.adapter, feeds, p, self.torch_model, Stream())
@@ -362,15 +363,13 @@ class TestTimeEngine:
         batch of ``min_batch`` or more the pass also fetches the graph tail's inputs; the stream gathers a
         sample of them and steps once per ``STEP_EXAMPLES`` (``tail.py``): the step serves the next batches.
         Episodic policies have no next batch: they step on the whole batch and predict it with a second pass."""
-        adapter, p, tail = self.adapter, self.policy, self._tail
+        adapter, p, tail, method = self.adapter, self.policy, self._tail, self._method
         assert adapter is not None
-        method = ADAPTATION_METHODS.get(p.ttt)
-        n = len(feeds[self.input_name])
-        learn = tail is not None and method.step is not None and n >= method.min_batch
-        extra = tail.fetch if learn and tail is not None else []
-        logits, stats, fetched = adapter.run_with_statistics(feeds, state, self.output_name, extra)
-        if not learn or tail is None or method.step is None:
+        if tail is None or method.step is None or len(feeds[self.input_name]) < method.min_batch:
+            logits, stats, _ = adapter.run_with_statistics(feeds, state, self.output_name)
             return logits, stats, state
+        n = len(feeds[self.input_name])
+        logits, stats, fetched = adapter.run_with_statistics(feeds, state, self.output_name, tail.fetch)
         if p.episodic:  # no next batch: step on this one, predict it again
             inputs = dict(zip(tail.inputs, tail.gather(feeds, fetched), strict=True))
             state = {**state, **self._step(method, inputs, state, fetched, stream)}

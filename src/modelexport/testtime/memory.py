@@ -95,6 +95,16 @@ def balanced_keep(classes: np.ndarray, ages: np.ndarray, capacity: int) -> np.nd
     return np.sort(order[rank < quota[by_class]])
 
 
+def _newest(classes: np.ndarray, counts: np.ndarray, taken: np.ndarray) -> np.ndarray:
+    """Indices (sorted) of the last ``taken[c]`` examples of each class ``c`` in ``classes`` (``counts``: their
+    bincount)."""
+    backwards = classes[::-1]
+    order = np.argsort(backwards, kind="stable")
+    rank = np.empty(len(classes), np.int64)
+    rank[order] = np.arange(len(classes)) - (np.cumsum(counts) - counts)[backwards[order]]
+    return (len(classes) - 1 - np.flatnonzero(rank < taken[backwards]))[::-1]
+
+
 @dataclass
 class StatisticsMemory:
     """Per-example statistics rows (``width`` values each) of up to ``capacity`` recent examples, balanced by
@@ -114,46 +124,63 @@ class StatisticsMemory:
     distinct: int = 0
     _total: np.ndarray = field(init=False, repr=False)
     _updates: int = 0
-    #: Class -> its entries' slots, oldest first (built when one example at a time arrives).
-    _slots: dict[int, deque[int]] | None = field(init=False, repr=False, default=None)
+    #: Class -> its entries' slots, oldest first.
+    _slots: dict[int, deque[int]] = field(init=False, repr=False)
+    #: Entries per class (None: to be counted; one example at a time does not keep it).
+    _counts: np.ndarray | None = field(init=False, repr=False, default=None)
+    #: :meth:`moments` since the last change.
+    _moments: np.ndarray | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         self.stats = np.zeros((self.capacity, self.width))
         self.classes = np.zeros(self.capacity, np.int64)
         self.ages = np.zeros(self.capacity, np.int64)
         self._total = np.zeros(self.width)
+        self._slots = {}
+        self._counts = np.zeros(max(1, self.num_classes), np.int64)
 
     def add(self, stats: np.ndarray, classes: np.ndarray) -> None:
-        """Add examples' rows (N, width) with their predicted classes (N,)."""
+        """Add examples' rows (N, width) with their predicted classes (N,): what :func:`balanced_keep` keeps of
+        the entries and the new examples, found per class (each class's oldest entries are the ones dropped),
+        so a full memory costs O(new rows + classes) per batch, not a sort of its capacity."""
         n = len(classes)
         if n == 1 and self.size == self.capacity:
             self._replace_one(stats[0], int(classes[0]))
             return
+        self._moments = None
+        new = np.asarray(classes, np.int64)
         ages = self.clock + 1 + np.arange(n)
         self.clock += n
-        cls = np.concatenate([self.classes[: self.size], np.asarray(classes, np.int64)])
-        age = np.concatenate([self.ages[: self.size], ages])
-        if len(cls) > self.capacity:
-            keep = balanced_keep(cls, age, self.capacity)
-        else:
-            keep = np.arange(len(cls))
-        # only the rows that change are written: new rows that are kept go to the slots of dropped entries
-        # (and the free ones), so a full memory costs O(new rows), not O(capacity), per batch
-        kept_new = keep[keep >= self.size] - self.size
-        stays = np.zeros(self.size, bool)
-        stays[keep[keep < self.size]] = True
-        dropped = np.flatnonzero(~stays)
+        if self._counts is None:
+            self._counts = np.bincount(self.classes[: self.size], minlength=self.num_classes)
+        added = np.bincount(new, minlength=len(self._counts))
+        if len(added) > len(self._counts):
+            self._counts = np.concatenate([self._counts, np.zeros(len(added) - len(self._counts), np.int64)])
+        quota = _water_level(self._counts + added, self.capacity)
+        taken = np.minimum(added, quota)  # per class: the new examples kept (the newest of them)
+        drop = self._counts - (quota - taken)  # per class: the oldest entries dropped
+        kept_new = np.arange(n) if (taken == added).all() else _newest(new, added, taken)
+        dropped_slots: list[int] = []
+        for c in np.flatnonzero(drop).tolist():
+            queue = self._slots[c]
+            dropped_slots += [queue.popleft() for _ in range(int(drop[c]))]
+            if not queue:
+                del self._slots[c]
+        # new rows that are kept go to the slots of dropped entries (in slot order), then to free ones
+        dropped = np.sort(np.asarray(dropped_slots, np.int64))
         slots = np.concatenate([dropped, np.arange(self.size, self.size + len(kept_new) - len(dropped))])
         rows = np.asarray(stats, np.float64)[kept_new]
         self._total += rows.sum(axis=0) - self.stats[dropped].sum(axis=0)
-        self.stats[slots], self.classes[slots], self.ages[slots] = (
-            rows,
-            cls[self.size + kept_new],
-            ages[kept_new],
-        )
-        self.size = len(keep)
-        self._slots = None
-        self.distinct = int(np.count_nonzero(np.bincount(self.classes[: self.size])))
+        kept_classes = new[kept_new]
+        self.stats[slots], self.classes[slots], self.ages[slots] = rows, kept_classes, ages[kept_new]
+        for c, j in zip(kept_classes.tolist(), slots.tolist(), strict=True):  # ages rise: oldest first
+            queue = self._slots.get(c)
+            if queue is None:
+                queue = self._slots[c] = deque()
+            queue.append(j)
+        self._counts = quota
+        self.size += len(kept_new) - len(dropped)
+        self.distinct = len(self._slots)
         self._updates += len(kept_new)
         if self._updates >= self.capacity:  # no drift in the running sum
             self._total, self._updates = self.stats[: self.size].sum(axis=0), 0
@@ -161,12 +188,9 @@ class StatisticsMemory:
     def _replace_one(self, row: np.ndarray, label: int) -> None:
         """A full memory takes one example: it replaces the oldest entry of its own class when that class is
         among the most represented, else the oldest entry of the most represented classes."""
-        if self._slots is None:
-            self._slots = {}
-            for j in np.argsort(self.ages, kind="stable").tolist():  # oldest first within each class
-                self._slots.setdefault(int(self.classes[j]), deque()).append(j)
+        self._moments = None
         slots = self._slots
-        largest = max(len(q) for q in slots.values())
+        largest = max(map(len, slots.values()))
         own = slots.get(label)
         if own is not None and len(own) == largest:
             victim = label
@@ -176,6 +200,7 @@ class StatisticsMemory:
         if not slots[victim]:
             del slots[victim]
         slots.setdefault(label, deque()).append(j)
+        self._counts = None  # counted again by the next batch
         self.distinct = len(slots)
         self.clock += 1
         self._total += row - self.stats[j]
@@ -185,8 +210,12 @@ class StatisticsMemory:
             self._total, self._updates = self.stats.sum(axis=0), 0
 
     def moments(self) -> np.ndarray:
-        """The mean row over the entries (zeros when empty)."""
-        return self._total / self.size if self.size else self._total.copy()
+        """The mean row over the entries (zeros when empty); read-only, computed once per change (the shift
+        gate and the blend both read it)."""
+        if self._moments is None:
+            self._moments = self._total / self.size if self.size else self._total.copy()
+            self._moments.flags.writeable = False
+        return self._moments
 
     @property
     def coverage(self) -> float:

@@ -227,13 +227,20 @@ class ClassWindow:
             self.ring[pos] = new
             self.counts[new] += 1
         else:
-            positions = (self.pushed + np.arange(len(classes))) % size
             keep = classes[-size:]
-            positions = positions[-size:]
+            start = (self.pushed + len(classes) - len(keep)) % size
+            if start + len(keep) <= size:  # one stretch of the ring: a slice, no index arrays
+                positions: slice | np.ndarray = slice(start, start + len(keep))
+            else:
+                positions = (start + np.arange(len(keep))) % size
             old = self.ring[positions]
-            self.counts -= np.bincount(old[old >= 0], minlength=len(self.counts))
+            if self.pushed >= size:  # a full ring: every slot holds a class
+                self.counts += np.bincount(keep, minlength=len(self.counts))
+                self.counts -= np.bincount(old, minlength=len(self.counts))
+            else:
+                self.counts -= np.bincount(old[old >= 0], minlength=len(self.counts))
+                self.counts += np.bincount(keep, minlength=len(self.counts))
             self.ring[positions] = keep
-            self.counts += np.bincount(keep, minlength=len(self.counts))
         self.pushed += len(classes)
         self.since += len(classes)
 
