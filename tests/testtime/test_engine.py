@@ -138,3 +138,11 @@ def test_everything_at_once(digits_export: Any, digits_batch: dict) -> None:
 def test_missing_inputs_are_named(digits_export: Any) -> None:
     with pytest.raises(InferenceError, match="missing model inputs \\['x'\\]"):
         TestTimeEngine(digits_export.onnx_path).predict({"pixels": np.zeros((1, 1, 8, 8), np.float32)})
+
+
+@pytest.mark.sanity
+@pytest.mark.parametrize("ttt", ["none", "bn"])
+def test_an_empty_batch_is_refused_with_a_typed_error(digits_export: Any, ttt: str) -> None:
+    engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt=ttt))
+    with pytest.raises(InferenceError, match="empty batch"):
+        engine.predict({"x": np.zeros((0, 1, 8, 8), np.float32)})

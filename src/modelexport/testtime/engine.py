@@ -281,6 +281,8 @@ class TestTimeEngine:
         missing = [name for name in self._input_names if name not in feeds]
         if missing:
             raise InferenceError(f"missing model inputs {missing}; the model takes {self._input_names}")
+        if len(feeds[self.input_name]) == 0:
+            raise InferenceError("empty batch: no examples to predict", hint="give at least one example")
         stream = stream if stream is not None else Stream()  # no stream: nothing is carried over
         p = self.policy
         if self._prior is not None:
