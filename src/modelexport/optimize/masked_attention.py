@@ -21,11 +21,16 @@ for a 32-token prefill with 32 heads (``Attention`` 1.4-1.8x faster than the dec
 ``com.microsoft.MultiHeadAttention`` has no grouped key/value heads.
 
 A query row whose keys are all masked (a padding position of a left-padded first step) is a zero row
-in ``Attention`` (and in every ORT attention kernel), while the decomposed graph averages all values
-there (its mask adds the same lowest float to every score of the row). The rewrite puts that mean back
-(a ``Where`` on the rows the mask leaves blind, computed once per mask), so the fused graph equals its
-input on every row, padding included, and ``fusion.fuse_for_ort``'s probe checks it on left-padded
-batches with and without a past. A mask of -inf with the exporter's NaN guard gives zeros in both.
+in ``Attention`` (and in every ORT attention kernel) given a boolean mask or the lowest float, while the
+decomposed graph averages all values there (its mask adds the same lowest float to every score of the
+row). A float32 graph gets an additive mask of half the lowest float instead (one ``Where`` for every
+layer): ONNX Runtime adds it like any value, every score of a blind row rounds to it, and softmax
+averages the values as the decomposed graph does. Other float types keep the boolean mask, and the
+rewrite puts the mean back (a ``Where`` per layer on the rows the mask leaves blind, computed once per
+mask; issue 26: on a 12-layer int4 decoder those 60 nodes ran on every decoding step). Either way the
+fused graph equals its input on every row, padding included, and ``fusion.fuse_for_ort``'s probe checks
+it on left-padded batches with and without a past. A mask of -inf with the exporter's NaN guard gives
+zeros in both.
 
 The default-domain opset is raised to 23 only when a match was rewritten (onnxscript's version
 converter; ops between opset 18 and 23 keep their semantics or get an adapter).
@@ -53,6 +58,11 @@ __all__ = ["ATTENTION_OPSET", "ATTENTION_RULES", "fuse_masked_attention"]
 ATTENTION_OPSET = 23
 #: Lowest default-domain opset onnxscript's version converter raises to ``ATTENTION_OPSET``.
 _MIN_CONVERTIBLE_OPSET = 18
+#: The additive mask value of a float32 ``Attention``: half the lowest float. ONNX Runtime's kernels take the
+#: lowest float (and -inf) as "removed" and write a zero row where a query sees no key; any other value is
+#: added to the scores, so such a row's scores all round to this value and softmax averages the values, as
+#: the decomposed graph does with its lowest float. One mask for every layer instead of a per-layer fix.
+_SOFT_LOW = -(2.0**127)
 #: Counter names, as reported by ``fusion.fuse_for_ort``: with a key/value cache or without, key/value heads
 #: repeated (grouped) or not.
 ATTENTION_RULES = ("kv_cache_gqa", "kv_cache_mha", "no_cache_gqa", "no_cache_mha")
@@ -252,17 +262,36 @@ class _Rewrites:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ATTENTION_RULES, 0))
     #: boolean mask -> its (B, 1, S, 1) "sees no key" rows, computed once for every layer that reads it
     blind: dict[ir.Value, ir.Value] = field(default_factory=dict)
+    #: boolean mask -> its float32 additive form (:data:`_SOFT_LOW` where False), once for every layer
+    soft: dict[ir.Value, ir.Value] = field(default_factory=dict)
+
+    def _mask(self, op: RewriterContext, mask: ir.Value, keep: ir.Value | None) -> tuple[ir.Value, bool]:
+        """What ``Attention`` reads as its mask, and whether the rows that see no key still need their
+        mean of the values put back (:func:`_unattended_rows_average`)."""
+        import onnx_ir as ir
+
+        if keep is None:
+            return mask, False
+        if not math.isfinite(_masked_value(mask)):
+            return keep, False  # -inf: NaN rows in the decomposed graph, zeros with its NaN guard
+        if mask.dtype != ir.DataType.FLOAT:
+            return keep, True
+        if keep not in self.soft:
+            zero, low = op.Constant(value_float=0.0), op.Constant(value_float=_SOFT_LOW)
+            self.soft[keep] = op.Where(keep, zero, low)
+        return self.soft[keep], False
 
     def replace(self, op: RewriterContext, **bindings: _Binding) -> ir.Value:
         mask = bindings["mask"]
         keep = _boolean_mask(mask)
+        attn_mask, restore = self._mask(op, mask, keep)
         cached = bool(bindings.get("cached_key"))
         past = [bindings["past_key"], bindings["past_value"]] if cached else []
         outputs = op.Attention(
             bindings["query"],
             bindings["key"],
             bindings["value"],
-            keep or mask,
+            attn_mask,
             *past,
             scale=_scale(bindings),
             _outputs=3 if cached else 1,
@@ -272,7 +301,7 @@ class _Rewrites:
             self.presents += [(bindings["present_key"], outputs[1]), (bindings["present_value"], outputs[2])]
         grouped = "gqa" if bindings.get("keys_grouped") else "mha"
         self.counts[f"{'kv_cache' if cached else 'no_cache'}_{grouped}"] += 1
-        if keep is not None and math.isfinite(_masked_value(mask)):
+        if restore:
             values = outputs[2] if cached else bindings["value"]
             if keep not in self.blind:
                 self.blind[keep] = _blind_rows(op, keep)
