@@ -16,7 +16,7 @@ import modelexport
 from modelexport.cli.app import main
 from modelexport.cli.pipeline import pipeline_cmd
 from modelexport.train.networks import NETWORKS
-from modelexport.workflow import PipelineConfig, run_pipeline
+from modelexport.workflow import PipelineConfig, PipelineResult, run_pipeline
 from modelexport.workflow.report import CHOSEN_BY_SEARCH, SET_BY_USER, check_report
 from tests.pipeline.test_pipeline import write_digit_folder
 
@@ -34,6 +34,12 @@ def parse(args: list[str], **extra: Any) -> PipelineConfig:
     """The options as the command line gives them to the run (click's own parsing, then the config)."""
     ctx = pipeline_cmd.make_context("pipeline", list(args))
     return PipelineConfig(**ctx.params, **extra)
+
+
+def _one_epoch_run(data: Path, tmp_path: Path, *options: str) -> PipelineResult:
+    """The pipeline on ``data`` for one epoch and one search iteration into ``tmp_path/pkg``, with ``options``."""
+    base = ["--dataset_path", str(data), "--output_model", str(tmp_path / "pkg"), "--epochs", "1"]
+    return run_pipeline(parse([*base, "--iterations", "1", *options], progress=False))
 
 
 def write_reviews(path: Path, rows: int, positive_share: float = 0.5) -> Path:
@@ -212,13 +218,11 @@ def test_usage_line_names_the_command_typed(capsys: pytest.CaptureFixture[str]) 
 def test_explicit_settings_run_as_set_with_the_int8_ensemble(small_digits: Path, tmp_path: Path) -> None:
     """Every test-time setting given: the search does not run and the report says "set by user" for each;
     TTA with flip, BN with 2 passes of batch statistics and the fp32 + int8 ensemble."""
-    cfg = parse(
-        ["--dataset_path", str(small_digits), "--output_model", str(tmp_path / "pkg"), "--epochs", "1",
-         "--iterations", "1", "--tta", "--tta_transforms", "identity,flip", "--tta_aggregate", "mean",
-         "--ttt", "bn", "--ttt_iterations", "2", "--mc_dropout", "0", "--ensemble", "int8"],
-        progress=False,
+    result = _one_epoch_run(
+        small_digits, tmp_path,
+        "--tta", "--tta_transforms", "identity,flip", "--tta_aggregate", "mean",
+        "--ttt", "bn", "--ttt_iterations", "2", "--mc_dropout", "0", "--ensemble", "int8",
     )  # fmt: skip
-    result = run_pipeline(cfg)
     t = result.report["test_time"]
     policy = t["policy"]
     assert policy["tta_transforms"] == ["identity", "hflip"] and policy["tta_aggregate"] == "mean"
@@ -241,13 +245,11 @@ def test_explicit_settings_run_as_set_with_the_int8_ensemble(small_digits: Path,
 @pytest.mark.must
 @pytest.mark.integration
 def test_mc_dropout_as_set(small_digits: Path, tmp_path: Path) -> None:
-    cfg = parse(
-        ["--dataset_path", str(small_digits), "--output_model", str(tmp_path / "pkg"), "--epochs", "1",
-         "--iterations", "1", "--quantize", "none", "--tta", "false", "--ttt", "false", "--mc_dropout", "4",
-         "--ensemble", "none"],
-        progress=False,
+    result = _one_epoch_run(
+        small_digits, tmp_path,
+        "--quantize", "none", "--tta", "false", "--ttt", "false", "--mc_dropout", "4",
+        "--ensemble", "none",
     )  # fmt: skip
-    result = run_pipeline(cfg)
     assert result.report["test_time"]["policy"]["mc_dropout"] == 4 and result.program.policy.mc_dropout == 4
     assert result.report["test_time"]["settings"]["mc_dropout"]["source"] == SET_BY_USER
 
@@ -258,13 +260,11 @@ def test_the_search_decides_only_what_was_left_open(small_digits: Path, tmp_path
     """--tta with its transforms fixed and --ttt false: every candidate keeps TTA on with those transforms and
     no adaptation (plain inference is measured, never chosen); MC dropout is a candidate; each open setting
     says why the search chose it."""
-    cfg = parse(
-        ["--dataset_path", str(small_digits), "--output_model", str(tmp_path / "pkg"), "--epochs", "1",
-         "--iterations", "1", "--quantize", "none", "--tta", "true", "--tta_transforms", "identity,rotate",
-         "--ttt", "false"],
-        progress=False,
+    result = _one_epoch_run(
+        small_digits, tmp_path,
+        "--quantize", "none", "--tta", "true", "--tta_transforms", "identity,rotate",
+        "--ttt", "false",
     )  # fmt: skip
-    result = run_pipeline(cfg)
     t = result.report["test_time"]
     assert t["policy"]["tta_transforms"] == ["identity", "rot90"] and t["policy"]["ttt"] == "none"
     search = result.details["policy_search"]
@@ -279,13 +279,11 @@ def test_the_search_decides_only_what_was_left_open(small_digits: Path, tmp_path
 @pytest.mark.must
 @pytest.mark.integration
 def test_pipeline_tent_takes_ttt_iterations_and_learning_rate(small_digits: Path, tmp_path: Path) -> None:
-    cfg = parse(
-        ["--dataset_path", str(small_digits), "--output_model", str(tmp_path / "pkg"), "--epochs", "1",
-         "--iterations", "1", "--quantize", "none", "--tta", "false", "--ttt", "tent", "--ttt_iterations", "3",
-         "--learning_rate", "0.002", "--mc_dropout", "0", "--ensemble", "none"],
-        progress=False,
+    result = _one_epoch_run(
+        small_digits, tmp_path,
+        "--quantize", "none", "--tta", "false", "--ttt", "tent", "--ttt_iterations", "3",
+        "--learning_rate", "0.002", "--mc_dropout", "0", "--ensemble", "none",
     )  # fmt: skip
-    result = run_pipeline(cfg)
     policy = result.report["test_time"]["policy"]
     assert (policy["ttt"], policy["ttt_iterations"], policy["learning_rate"]) == ("tent", 3, 0.002)
     assert result.program.policy.ttt == "tent"
