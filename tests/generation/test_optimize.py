@@ -125,6 +125,27 @@ def test_o2_fuses_one_attention_per_layer_tagged_with_its_module(
     assert [o.name for o in fused.graph.output] == [o.name for o in src.graph.output]
 
 
+def test_o2_attention_reads_the_projections_without_head_reshapes(
+    llama_with_past: Any, llama_o2: tuple[Path, OptimizeResult]
+) -> None:
+    """Each ``Attention`` takes (B, S, heads * D) query / key / value with its head counts (``q_num_heads``,
+    ``kv_num_heads``: the config's 2 and 1): the model's own head split and merge (a ``Reshape`` and
+    ``Transpose`` per projection and for the output, eight nodes a layer) are gone, the rotary embeddings
+    run on the 3-D projections; logits and caches stay equal (the test above and the next one)."""
+    src = Counter(
+        n.op_type for n in onnx.load(llama_with_past[1] / "model.onnx", load_external_data=False).graph.node
+    )
+    fused = onnx.load(llama_o2[0] / "model.onnx", load_external_data=False)
+    assert llama_o2[1].passes[0].record["stats"]["matched"]["attention_3d"] == 2
+    ops = Counter(n.op_type for n in fused.graph.node)
+    assert src["Transpose"] >= 8 and ops["Transpose"] == 0
+    for node in (n for n in fused.graph.node if n.op_type == "Attention"):
+        attrs = {a.name: a.i for a in node.attribute}
+        assert (attrs["q_num_heads"], attrs["kv_num_heads"]) == (2, 1)
+    for node in (n for n in fused.graph.node if n.op_type == "RotaryEmbedding"):
+        assert {a.name: a.i for a in node.attribute}["num_heads"] in (2, 1)
+
+
 def test_o2_attention_is_exact_on_every_position_of_a_left_padded_first_step(
     llama_with_past: Any, llama_o2: tuple[Path, OptimizeResult]
 ) -> None:
@@ -167,6 +188,7 @@ def test_o2_fuses_the_cached_attention_of_other_decoders(
         n.op_type for n in onnx.load(tmp_path / "o2" / "model.onnx", load_external_data=False).graph.node
     )
     assert ops["Attention"] == 2 and ops["Softmax"] == 0
+    assert result.passes[0].record["stats"]["matched"]["attention_3d"] == 2 and ops["Transpose"] == 0
     plain, fused = pipeline("text-generation", model=out), pipeline("text-generation", model=tmp_path / "o2")
     ids, mask = plain.encode(PROMPTS)
     np.testing.assert_allclose(_first_logits(fused, ids, mask), _first_logits(plain, ids, mask), atol=1e-4)

@@ -13,7 +13,8 @@ layer's cache concatenation (if any), repeated key/value heads and decomposed at
 ``Attention`` (opset 23) that takes the graph's own padding + causal mask and the past, and writes
 ``present.*``: exact for grouped heads and any padding, left padding included, because the mask is
 applied as the graph applies it (``com.microsoft.GroupQueryAttention`` assumes each row's cache is valid
-from position 0, and is slower on the CPU).
+from position 0, and is slower on the CPU). :mod:`.attention_heads` then gives each ``Attention`` the
+projections in their own (B, S, heads * D) layout, without the model's head split and merge.
 
 Some rules assume more than the graph states: the GroupQueryAttention and rotary rules ignore the
 attention mask and the batch of a decoder exported without a KV cache (outputs differ on a padded batch).
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ..hierarchy.graph import index_limits
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY
 from ..runtime.session import create_session
+from .attention_heads import HEADS_RULE, attention_on_projections
 from .mask_index import use_mask_index
 from .masked_attention import fuse_masked_attention
 from .rotary_freqs import normalize_rotary_freqs
@@ -77,6 +79,7 @@ FUSION_REPORT_KEYS: dict[str, tuple[str, ...]] = {
     "gelu": ("erf_gelu", "gelu"),
     "bias_gelu": ("bias_gelu",),
     "mask_index": ("mask_index",),
+    "attention_3d": (HEADS_RULE,),
 }
 _UNTAG = {TAG_KEY, TAG_SOURCE_KEY}
 
@@ -131,7 +134,7 @@ def _all_fusions(model: ir.Model) -> dict[str, int]:
 
     normalize_rotary_freqs(model)  # transformers 5's rotary angles, in the form the cos/sin rule matches
     counts = optimize_for_ort(model)[1]
-    return {**counts, **fuse_masked_attention(model)}
+    return {**counts, **fuse_masked_attention(model), **attention_on_projections(model)}
 
 
 def _safe_only(model: ir.Model) -> dict[str, int]:
@@ -148,7 +151,7 @@ def _safe_and_attention(model: ir.Model) -> dict[str, int]:
     """The safe fusions and each attention as ONNX ``Attention`` with the graph's own mask: for graphs
     where one of onnxscript's other rules changes the outputs (its GroupQueryAttention and rotary rules
     on a decoder exported without a cache)."""
-    return {**_safe_only(model), **fuse_masked_attention(model)}
+    return {**_safe_only(model), **fuse_masked_attention(model), **attention_on_projections(model)}
 
 
 def _dynamic_sizes(model: onnx.ModelProto) -> dict[str, int]:
