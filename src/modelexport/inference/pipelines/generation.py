@@ -367,7 +367,8 @@ class TextGenerationPipeline(ONNXPipeline):
             return logits[:, -1, :], []
         bound = dict(zip(self.cache.in_names, past or [], strict=True))
         ids = feeds["input_ids"]
-        logits = np.empty((*ids.shape, self.vocab), np.float32) if self.vocab else None
+        one_cpu_token = ids.shape[1] == 1 and self.cache.device == "cpu"  # run_bound's path without a buffer
+        logits = np.empty((*ids.shape, self.vocab), np.float32) if self.vocab and not one_cpu_token else None
         return run_bound(self.session, feeds, bound, self.cache.out_names, self.cache.device, logits)
 
     # --------------------------------------------------------------------- decoding steps (subclasses)
@@ -410,6 +411,7 @@ class TextGenerationPipeline(ONNXPipeline):
         past = self._begin(ids, mask, context)
         unfinished = np.ones(len(ids), dtype=bool)
         new = ids.shape[1]
+        eos, pad = np.array(sorted(self.eos_ids), np.int64), self.pad_id  # read once, not per token
         for step in range(settings.max_new_tokens):
             scores, past = self._advance(ids, mask, new, past)
             scores = process_scores(scores, ids, settings, first=step == 0)
@@ -418,12 +420,12 @@ class TextGenerationPipeline(ONNXPipeline):
                 tokens = np.array([rng.choice(len(p), p=p / p.sum()) for p in probs], dtype=np.int64)
             else:
                 tokens = scores.argmax(-1).astype(np.int64)
-            tokens = np.where(unfinished, tokens, self.pad_id)
+            tokens = np.where(unfinished, tokens, pad)
             ids = np.concatenate([ids, tokens[:, None]], axis=1)
             mask = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], axis=1)
             if streamer is not None:
                 streamer(tokens)
-            unfinished &= ~np.isin(tokens, list(self.eos_ids))
+            unfinished &= ~(tokens[:, None] == eos).any(axis=1)
             if not unfinished.any():
                 break
             new = 1 if self.incremental else ids.shape[1]
