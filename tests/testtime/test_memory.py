@@ -136,6 +136,38 @@ def test_blend_is_the_mixture_with_the_source_and_deep_layers_weigh_coverage(dig
 
 
 @pytest.mark.must
+def test_stray_predictions_count_as_classes_only_by_their_support_until_a_shift_is_measured(
+    digits_export: Any,
+) -> None:
+    """A class-sorted stream's memory: four classes seen (30 entries each) and five strays (one mispredicted
+    entry each, which the balanced memory keeps). Counted plainly it covers nine classes of ten and the deep
+    layers would follow it almost fully; counted by support (a class covered once it holds half its fair share,
+    6.4 of 128 entries over 10 classes) it covers 4.8 -- what the deep layers weigh it by while the stem's gate
+    is shut. An open gate (a measured shift) restores the plain count; without a gate nothing changes."""
+    adapter = BNAdapter(digits_export.onnx_path)
+    prior, ungated = adapter.prior(16.0, 64.0, gate=0.1), adapter.prior(16.0, 64.0)
+    s = len(prior.mean)
+    rng = np.random.default_rng(0)
+    labels = np.array([0] * 30 + [1] * 30 + [2] * 30 + [3] * 30 + [4, 5, 6, 7, 8])
+    means = prior.mean + rng.normal(size=(len(labels), s)) * np.sqrt(prior.var)
+    memory = StatisticsMemory(128, 2 * s, 10)
+    memory.add(np.concatenate([means, means**2 + prior.var], axis=1), labels)
+    assert memory.coverage == pytest.approx(0.9)
+    assert memory.support == pytest.approx((4 + 5 / 6.4) / 10)
+    assert prior.coverage(memory, [0.0]) == pytest.approx(memory.support)
+    assert prior.coverage(memory, [1.0]) == memory.coverage
+    assert prior.coverage(memory, [0.5]) == pytest.approx((memory.coverage + memory.support) / 2)
+    assert ungated.coverage(memory, None) == memory.coverage
+    deep = slice(adapter.channels[1].start, s)
+    m = memory.moments()[:s]
+    for coverage, gates in ((memory.support, [0.0]), (memory.coverage, [1.0])):
+        count = len(labels) * coverage**2
+        w = count / (count + 64.0)
+        mean, _ = prior.blend(memory, gates)
+        np.testing.assert_allclose(mean[deep], prior.mean[deep] + w * (m[deep] - prior.mean[deep]), rtol=1e-10)
+
+
+@pytest.mark.must
 def test_the_shift_gate_keeps_the_stem_variances_until_the_memory_moves_away(
     digits_export: Any, digits: Any
 ) -> None:
