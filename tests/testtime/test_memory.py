@@ -164,7 +164,9 @@ def test_stray_predictions_count_as_classes_only_by_their_support_until_a_shift_
         count = len(labels) * coverage**2
         w = count / (count + 64.0)
         mean, _ = prior.blend(memory, gates)
-        np.testing.assert_allclose(mean[deep], prior.mean[deep] + w * (m[deep] - prior.mean[deep]), rtol=1e-10)
+        np.testing.assert_allclose(
+            mean[deep], prior.mean[deep] + w * (m[deep] - prior.mean[deep]), rtol=1e-10
+        )
 
 
 @pytest.mark.must
