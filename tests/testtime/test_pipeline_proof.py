@@ -65,3 +65,30 @@ def test_default_bn_on_the_pipelines_own_network_read_as_a_folder(folder_model: 
         for order in ("as-is", "class-sorted"):
             assert recovered[("pipeline-digits-s1", data, order, 40, "bn")] >= at_40, (data, order)
             assert recovered[("pipeline-digits-s1", data, order, 1, "bn")] >= at_1, (data, order)
+
+
+#: The seed-0 twin (the tuning network): clean streams read as the folder is read and class-sorted, batches of
+#: 32 and 1, stay within this of plain (measured: -0.5 points at worst, 3 of 597 digits). Counting a stray
+#: misprediction as a covered class (the coverage before the support) lost 1.0 point as read at batch 1 (6
+#: digits): the deep layers followed a memory of four true classes as if it held nine.
+TUNING_CLEAN_GAP = -0.008
+
+
+@pytest.mark.slow
+def test_stray_predictions_do_not_pull_the_deep_layers_on_the_tuning_network(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root: Path = tmp_path_factory.mktemp("pipeline-digits-s0")
+    model = pipeline_model(root, "digits", (), seed=0)
+    cells = matrix(
+        "pipeline-digits",
+        model.onnx_path,
+        {"clean": model.sets["clean"]},
+        model.labels,
+        (32, 1),
+        ("as-is", "class-sorted"),
+        ("none", "bn"),
+    )
+    accuracy = {(c.order, c.batch, c.method): c.accuracy for c in cells}
+    gaps = {k[:2]: accuracy[k] - accuracy[(*k[:2], "none")] for k in accuracy if k[2] == "bn"}
+    assert min(gaps.values()) >= TUNING_CLEAN_GAP, gaps

@@ -295,11 +295,15 @@ class StatisticsPrior:
         means follow), rising linearly to 1 at twice that (a contrast, blur or noise shift)."""
         return [min(1.0, max(0.0, shift / self.gate - 1.0)) for shift in self.shift(memory)]
 
-    def coverage(self, memory: StatisticsMemory, gates: list[float] | None = None) -> float:
-        """The class coverage the deep layers weigh the memory by: without a gate the classes it holds
-        (:attr:`StatisticsMemory.coverage`); with one, their :attr:`~StatisticsMemory.support` while the
-        stem measures no shift, the plain count once it does (interpolated by the most open gate)."""
-        if not self.gated or gates is None:
+    def coverage(
+        self, memory: StatisticsMemory, gates: list[float] | None = None, correlated: bool = True
+    ) -> float:
+        """The class coverage the deep layers weigh the memory by: the classes it holds
+        (:attr:`StatisticsMemory.coverage`) -- unless the stream's labels arrive correlated in time
+        (``correlated``, ``streams.LabelHistory``) and the stem measures no shift: then their
+        :attr:`~StatisticsMemory.support`, the plain count again as the gate opens (interpolated by the most
+        open gate). Without a gate, the plain count."""
+        if not self.gated or gates is None or not correlated:
             return memory.coverage
         g = max(gates, default=0.0)
         if g >= 1.0:
@@ -308,7 +312,7 @@ class StatisticsPrior:
         return support if g <= 0.0 else g * memory.coverage + (1.0 - g) * support
 
     def blend(
-        self, memory: StatisticsMemory, gates: list[float] | None = None
+        self, memory: StatisticsMemory, gates: list[float] | None = None, correlated: bool = True
     ) -> tuple[np.ndarray, np.ndarray]:
         """(mean, var) of the mixture of two distributions: the source with weight ``strength`` and the
         memory's examples with weight their count -- in deep channels their count times the square of the
@@ -316,7 +320,7 @@ class StatisticsPrior:
         so a memory of two classes out of ten counts 4% of its examples there (a class-sorted stream), one of
         all classes fully. ``gates`` (per gated layer, :meth:`gates`) scale the memory's weight in the
         variances of those layers (the mixture's variance with that weight; the means keep theirs)."""
-        coverage = self.coverage(memory, gates)
+        coverage = self.coverage(memory, gates, correlated)
         key = (memory.size, coverage)
         w = self._weights.get(key)
         if w is None:

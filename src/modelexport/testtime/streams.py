@@ -45,6 +45,7 @@ __all__ = [
     "ORDERS",
     "PRIOR_WINDOW",
     "CollapseGuard",
+    "LabelHistory",
     "Stream",
     "StreamOrder",
     "chi2_critical",
@@ -62,6 +63,8 @@ PRIOR_WINDOW = 64
 MAX_BACKOFF = 8
 #: Predictions the stream's label distribution is estimated from (the label-shift test's reference).
 MARGINAL_WINDOW = 512
+#: Significance of the G-test by which a memory-statistics stream counts as label-correlated (LabelHistory).
+CORRELATION_ALPHA = 0.001
 
 ORDER_HINT = (
     "--order takes as-is, shuffle, stratified, class-sorted or dirichlet:ALPHA (ALPHA > 0), seeded by --seed"
@@ -260,6 +263,40 @@ class ClassWindow:
         self.pushed = self.since = 0
 
 
+class LabelHistory:
+    """The last ``SHIFT_WINDOW + MARGINAL_WINDOW`` predicted classes of a memory-statistics stream (a ring).
+
+    :meth:`correlated`: whether the stream's labels arrive correlated in time -- the last ``SHIFT_WINDOW``
+    predictions fail the G-test against the ``MARGINAL_WINDOW`` before them (uniform before any), the
+    label-shift test of :class:`CollapseGuard`. A class-ordered stream does (its recent predictions are one
+    or two classes); an i.i.d. one does not, even where a corruption makes its predictions uneven or
+    collapsed -- the case a memory's class support must not be mistaken for (``memory.py``)."""
+
+    def __init__(self) -> None:
+        self.ring = np.full(SHIFT_WINDOW + MARGINAL_WINDOW, -1, np.int64)
+        self.pushed = 0
+
+    def push(self, classes: np.ndarray) -> None:
+        size = len(self.ring)
+        keep = np.asarray(classes, np.int64)[-size:]
+        start = (self.pushed + len(classes) - len(keep)) % size
+        if start + len(keep) <= size:
+            self.ring[start : start + len(keep)] = keep
+        else:
+            self.ring[(start + np.arange(len(keep))) % size] = keep
+        self.pushed += len(classes)
+
+    def correlated(self, num_classes: int, alpha: float = CORRELATION_ALPHA) -> bool:
+        """The G-test of the last ``SHIFT_WINDOW`` predictions against those before them at ``alpha``."""
+        n = min(self.pushed, len(self.ring))
+        if num_classes < 2 or n == 0:
+            return False
+        ordered = self.ring[(self.pushed - n + np.arange(n)) % len(self.ring)]
+        recent = min(n, SHIFT_WINDOW)
+        g = label_shift_statistic(ordered[n - recent :].tolist(), ordered[: n - recent].tolist(), num_classes)
+        return g > chi2_critical(num_classes - 1, alpha)
+
+
 @dataclass
 class CollapseGuard:
     """The predicted classes of a stream, adapted and source; says when a batch must be served by the source.
@@ -384,6 +421,8 @@ class Stream:
     #: The blended statistics last computed: (memory clock, batch size, affine parameters, state).
     statistics: tuple[int, int, Any, dict[str, np.ndarray]] | None = None
     guard: CollapseGuard | None = None
+    #: The predicted classes of a memory-statistics stream (kept on a reset: the stream's label history).
+    labels: LabelHistory | None = None
     #: Collapse-guard resets to the source so far.
     resets: int = 0
     #: Batches the guard served with the source model (collapse, label shift, too small for its statistics).
