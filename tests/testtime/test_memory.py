@@ -176,7 +176,7 @@ def test_the_label_history_tells_a_class_ordered_stream_from_an_uneven_iid_one()
     """Correlated: the last 64 predictions fail the G-test against the ones before them. A class-sorted
     stream is (one class at a time), from its first predictions on (uniform before any history); an i.i.d.
     stream is not, balanced or collapsed onto three classes (a corruption's uneven predictions)."""
-    from modelexport.testtime.streams import LabelHistory
+    from modelexport.testtime.streams import LabelHistory, chi2_critical, label_shift_statistic
 
     rng = np.random.default_rng(0)
     streams = {
@@ -193,6 +193,17 @@ def test_the_label_history_tells_a_class_ordered_stream_from_an_uneven_iid_one()
                 history.push(classes[i : i + batch])
                 seen.append(history.correlated(10))
             verdicts[f"{name}, batch {batch}"] = seen
+    for total in (1, 63, 64, 65, 575, 576, 577, 640, 1152, 1300):  # the ring read back in order
+        classes = rng.integers(0, 10, total)
+        history = LabelHistory()
+        for i in range(0, total, 7):
+            history.push(classes[i : i + 7])
+        last = classes[-576:]
+        recent = min(len(last), 64)
+        g = label_shift_statistic(
+            last[len(last) - recent :].tolist(), last[: len(last) - recent].tolist(), 10
+        )
+        assert history.correlated(10) == (g > chi2_critical(9, 0.001)), total
     for batch in (1, 40):
         assert all(verdicts[f"class-sorted, batch {batch}"][64 // batch :]), batch
         for name in ("iid", "collapsed iid"):  # one test per batch, 64 predictions each: a few false alarms

@@ -317,7 +317,8 @@ class TestTimeEngine:
         weight = n / (n + count + self.policy.stem_prior)
         if count:
             gates = prior.gates(bank) if prior.gated else None  # type: ignore[arg-type]
-            correlated = gates is not None and labels is not None and labels.correlated(bank.num_classes)  # type: ignore[union-attr]
+            num_classes = bank.num_classes  # type: ignore[union-attr]
+            correlated = (lambda: labels.correlated(num_classes)) if labels is not None else False
             mean, var = prior.blend(bank, gates, correlated)  # type: ignore[arg-type]
             state = adapter.statistics_feeds(mean, var, weight, gates)
         else:

@@ -42,6 +42,7 @@ ones: the ratios of the first design (64 / 8 / 32) with half the estimation nois
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -296,23 +297,31 @@ class StatisticsPrior:
         return [min(1.0, max(0.0, shift / self.gate - 1.0)) for shift in self.shift(memory)]
 
     def coverage(
-        self, memory: StatisticsMemory, gates: list[float] | None = None, correlated: bool = True
+        self,
+        memory: StatisticsMemory,
+        gates: list[float] | None = None,
+        correlated: bool | Callable[[], bool] = True,
     ) -> float:
         """The class coverage the deep layers weigh the memory by: the classes it holds
         (:attr:`StatisticsMemory.coverage`) -- unless the stream's labels arrive correlated in time
-        (``correlated``, ``streams.LabelHistory``) and the stem measures no shift: then their
-        :attr:`~StatisticsMemory.support`, the plain count again as the gate opens (interpolated by the most
-        open gate). Without a gate, the plain count."""
-        if not self.gated or gates is None or not correlated:
+        (``correlated``, ``streams.LabelHistory``; a callable is asked only where the answer matters) and the
+        stem measures no shift: then their :attr:`~StatisticsMemory.support`, the plain count again as the
+        gate opens (interpolated by the most open gate). Without a gate, the plain count."""
+        if not self.gated or gates is None:
             return memory.coverage
         g = max(gates, default=0.0)
         if g >= 1.0:
             return memory.coverage
         support = memory.support
+        if support >= memory.coverage or not (correlated() if callable(correlated) else correlated):
+            return memory.coverage
         return support if g <= 0.0 else g * memory.coverage + (1.0 - g) * support
 
     def blend(
-        self, memory: StatisticsMemory, gates: list[float] | None = None, correlated: bool = True
+        self,
+        memory: StatisticsMemory,
+        gates: list[float] | None = None,
+        correlated: bool | Callable[[], bool] = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(mean, var) of the mixture of two distributions: the source with weight ``strength`` and the
         memory's examples with weight their count -- in deep channels their count times the square of the

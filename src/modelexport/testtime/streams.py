@@ -25,6 +25,7 @@ towards uniform the less evidence there is.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -173,6 +174,7 @@ def _entropy(classes: list[int], num_classes: int) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+@functools.lru_cache(maxsize=64)
 def chi2_critical(dof: int, alpha: float) -> float:
     """The chi-square quantile ``1 - alpha`` with ``dof`` degrees of freedom, without scipy: exact for 1 and 2
     (two classes, three), Wilson-Hilferty above (within 2% for alpha in [0.001, 0.05], 1% from 9 dof)."""
@@ -185,7 +187,9 @@ def chi2_critical(dof: int, alpha: float) -> float:
     return float(dof * (1.0 - h + z * np.sqrt(h)) ** 3)
 
 
-def label_shift_statistic(recent: list[int], history: list[int], num_classes: int) -> float:
+def label_shift_statistic(
+    recent: list[int] | np.ndarray, history: list[int] | np.ndarray, num_classes: int
+) -> float:
     """G statistic (likelihood ratio, ~ chi2(C-1) when ``recent`` is an i.i.d. sample of the stream) of the
     recent predicted classes against the history's class frequencies, add-one smoothed: uniform before any
     history, so a stream is assumed balanced until it shows otherwise."""
@@ -291,10 +295,20 @@ class LabelHistory:
         n = min(self.pushed, len(self.ring))
         if num_classes < 2 or n == 0:
             return False
-        ordered = self.ring[(self.pushed - n + np.arange(n)) % len(self.ring)]
+        end = self.pushed % len(self.ring)  # where the next class goes: the ring ends just before it
         recent = min(n, SHIFT_WINDOW)
-        g = label_shift_statistic(ordered[n - recent :].tolist(), ordered[: n - recent].tolist(), num_classes)
+        g = label_shift_statistic(
+            self._span(end - recent, end), self._span(end - n, end - recent), num_classes
+        )
         return g > chi2_critical(num_classes - 1, alpha)
+
+    def _span(self, start: int, stop: int) -> np.ndarray:
+        """The classes at ring positions ``start`` .. ``stop`` (``start`` may be negative: wrapped)."""
+        if start >= 0:
+            return self.ring[start:stop]
+        if stop <= 0:
+            return self.ring[start : stop or None]
+        return np.concatenate([self.ring[start:], self.ring[:stop]])
 
 
 @dataclass
