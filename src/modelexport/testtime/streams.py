@@ -282,6 +282,10 @@ class LabelHistory:
 
     def push(self, classes: np.ndarray) -> None:
         size = len(self.ring)
+        if len(classes) == 1:  # one example at a time: no array views (batch 1 is per-call bound)
+            self.ring[self.pushed % size] = classes[0]
+            self.pushed += 1
+            return
         keep = np.asarray(classes, np.int64)[-size:]
         start = (self.pushed + len(classes) - len(keep)) % size
         if start + len(keep) <= size:
