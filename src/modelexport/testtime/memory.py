@@ -52,8 +52,8 @@ import numpy as np
 
 __all__ = ["SUPPORT", "StatisticsMemory", "StatisticsPrior", "balanced_keep"]
 
-#: Cached deep/stem weight vectors (per memory size and coverage) kept before the cache is emptied.
-MAX_WEIGHTS = 4096
+#: Weight vectors cached (per memory size and coverage, a float: unbounded) before the cache is emptied.
+MAX_WEIGHTS = 256
 #: Added to both variances of :meth:`StatisticsPrior.shift` (a dead channel has none).
 SHIFT_EPS = 1e-5
 #: A class counts as covered by the memory once it holds this share of its fair share (capacity / classes):
