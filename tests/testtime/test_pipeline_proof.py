@@ -7,7 +7,8 @@ of 40 and 1, streamed as read and class-sorted. Met and pinned as measured (docs
 contrast and the issue's noise 2 + contrast 2 recover 86-92%; Gaussian noise 4 recovers only 17-22% (exact BN
 on i.i.d. batches: 45%). Clean class-ordered streams stay within 0.67 points of plain (4 of 597 digits) with the
 stem's shift gate and the class count by support (1.01 with the gate alone), and lose up to 2 points without
-the gate (``shift_gate=0``), because this network's stem variances tell classes apart. The whole table: ``python benchmarks/test_time.py --streams --grid final``.
+the gate (``shift_gate=0``), because this network's stem variances tell classes apart. The whole table:
+``python benchmarks/test_time.py --streams --grid final``.
 
     .venv/bin/python -m pytest tests/testtime/test_pipeline_proof.py -m slow -s
 """

@@ -328,8 +328,8 @@ class StatisticsPrior:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(mean, var) of the mixture of two distributions: the source with weight ``strength`` and the
         memory's examples with weight their count -- in deep channels their count times the square of the
-        memory's class coverage (:meth:`coverage`): class-specific features are estimated from the classes seen so far only,
-        so a memory of two classes out of ten counts 4% of its examples there (a class-sorted stream), one of
+        memory's class coverage (:meth:`coverage`): class-specific features are estimated from the classes seen
+        so far only, so a memory of two classes out of ten counts 4% of its examples there (a class-sorted stream), one of
         all classes fully. ``gates`` (per gated layer, :meth:`gates`) scale the memory's weight in the
         variances of those layers (the mixture's variance with that weight; the means keep theirs)."""
         coverage = self.coverage(memory, gates, correlated)
