@@ -36,7 +36,7 @@ only by its *support*, the share of ``SUPPORT`` times its fair share of the memo
 severe shift makes predictions collapse onto few classes and the deep layers must follow it (contrast 5 on the
 tests' digits CNN recovered 36-51% with the count, 5-36% with the support alone); so does an i.i.d. stream,
 whose uneven predictions under a corruption leave few-entry classes too (the support on every stream cost the
-tests' shapes CNN 16-17 points of noise-4 recovery).
+tests' shapes CNN up to 17 points of noise-4 recovery).
 
 The memory holds 128 examples by default and the source counts as 16 of them in stem layers, 64 in deeper
 ones: the ratios of the first design (64 / 8 / 32) with half the estimation noise of 64 examples' statistics.
