@@ -136,6 +136,81 @@ def test_blend_is_the_mixture_with_the_source_and_deep_layers_weigh_coverage(dig
 
 
 @pytest.mark.must
+def test_stray_predictions_count_as_classes_only_by_their_support_on_a_class_ordered_stream(
+    digits_export: Any,
+) -> None:
+    """A class-sorted stream's memory: four classes seen (30 entries each) and five strays (one mispredicted
+    entry each, which the balanced memory keeps). Counted plainly it covers nine classes of ten and the deep
+    layers would follow it almost fully; counted by support (a class covered once it holds half its fair share,
+    6.4 of 128 entries over 10 classes) it covers 4.8 -- what the deep layers weigh it by while the stream's
+    labels arrive correlated and the stem's gate is shut. An open gate (a measured shift), an uncorrelated
+    stream (uneven predictions of an i.i.d. one) or no gate keep the plain count."""
+    adapter = BNAdapter(digits_export.onnx_path)
+    prior, ungated = adapter.prior(16.0, 64.0, gate=0.1), adapter.prior(16.0, 64.0)
+    s = len(prior.mean)
+    rng = np.random.default_rng(0)
+    labels = np.array([0] * 30 + [1] * 30 + [2] * 30 + [3] * 30 + [4, 5, 6, 7, 8])
+    means = prior.mean + rng.normal(size=(len(labels), s)) * np.sqrt(prior.var)
+    memory = StatisticsMemory(128, 2 * s, 10)
+    memory.add(np.concatenate([means, means**2 + prior.var], axis=1), labels)
+    assert memory.coverage == pytest.approx(0.9)
+    assert memory.support == pytest.approx((4 + 5 / 6.4) / 10)
+    assert prior.coverage(memory, [0.0]) == pytest.approx(memory.support)
+    assert prior.coverage(memory, [1.0]) == memory.coverage
+    assert prior.coverage(memory, [0.5]) == pytest.approx((memory.coverage + memory.support) / 2)
+    assert prior.coverage(memory, [0.0], correlated=False) == memory.coverage
+    assert ungated.coverage(memory, None) == memory.coverage
+    deep = slice(adapter.channels[1].start, s)
+    m = memory.moments()[:s]
+    for coverage, gates in ((memory.support, [0.0]), (memory.coverage, [1.0])):
+        count = len(labels) * coverage**2
+        w = count / (count + 64.0)
+        mean, _ = prior.blend(memory, gates)
+        np.testing.assert_allclose(
+            mean[deep], prior.mean[deep] + w * (m[deep] - prior.mean[deep]), rtol=1e-10
+        )
+
+
+@pytest.mark.must
+def test_the_label_history_tells_a_class_ordered_stream_from_an_uneven_iid_one() -> None:
+    """Correlated: the last 64 predictions fail the G-test against the ones before them. A class-sorted
+    stream is (one class at a time), from its first predictions on (uniform before any history); an i.i.d.
+    stream is not, balanced or collapsed onto three classes (a corruption's uneven predictions)."""
+    from modelexport.testtime.streams import LabelHistory, chi2_critical, label_shift_statistic
+
+    rng = np.random.default_rng(0)
+    streams = {
+        "class-sorted": np.repeat(np.arange(10), 60),
+        "iid": rng.integers(0, 10, 600),
+        "collapsed iid": rng.choice(10, 600, p=[0.3, 0.3, 0.3] + [0.1 / 7] * 7),
+    }
+    verdicts: dict[str, list[bool]] = {}
+    for name, classes in streams.items():
+        for batch in (1, 40):
+            history = LabelHistory()
+            seen = []
+            for i in range(0, len(classes), batch):
+                history.push(classes[i : i + batch])
+                seen.append(history.correlated(10))
+            verdicts[f"{name}, batch {batch}"] = seen
+    for total in (1, 63, 64, 65, 575, 576, 577, 640, 1152, 1300):  # the ring read back in order
+        classes = rng.integers(0, 10, total)
+        history = LabelHistory()
+        for i in range(0, total, 7):
+            history.push(classes[i : i + 7])
+        last = classes[-576:]
+        recent = min(len(last), 64)
+        g = label_shift_statistic(
+            last[len(last) - recent :].tolist(), last[: len(last) - recent].tolist(), 10
+        )
+        assert history.correlated(10) == (g > chi2_critical(9, 0.001)), total
+    for batch in (1, 40):
+        assert all(verdicts[f"class-sorted, batch {batch}"][64 // batch :]), batch
+        for name in ("iid", "collapsed iid"):  # one test per batch, 64 predictions each: a few false alarms
+            assert np.mean(verdicts[f"{name}, batch {batch}"][300 // batch :]) <= 0.1, (name, batch)
+
+
+@pytest.mark.must
 def test_the_shift_gate_keeps_the_stem_variances_until_the_memory_moves_away(
     digits_export: Any, digits: Any
 ) -> None:

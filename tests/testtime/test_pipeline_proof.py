@@ -4,10 +4,11 @@ The image pipeline trains on a PNG folder of digits with seed 1 (the design was 
 test folders are corrupted in pixel space and read through the package's processor, class by class as a folder
 is read (tests/testtime/pipeline_folder.py). ``--ttt bn`` with its defaults, against plain inference, in batches
 of 40 and 1, streamed as read and class-sorted. Met and pinned as measured (docs/benchmarks.md, final round):
-contrast and the issue's noise 2 + contrast 2 recover 86-92%; Gaussian noise 4 recovers only 18-24% (exact BN
-on i.i.d. batches: 45%). Clean class-ordered streams stay within 1.01 points of plain (6 of 597 digits) with the
-stem's shift gate, and lose up to 2 points without it (``shift_gate=0``), because this network's stem variances
-tell classes apart. The whole table: ``python benchmarks/test_time.py --streams --grid final``.
+contrast and the issue's noise 2 + contrast 2 recover 86-92%; Gaussian noise 4 recovers only 17-22% (exact BN
+on i.i.d. batches: 45%). Clean class-ordered streams stay within 0.67 points of plain (4 of 597 digits) with the
+stem's shift gate and the class count by support (1.01 with the gate alone), and lose up to 2 points without
+the gate (``shift_gate=0``), because this network's stem variances tell classes apart. The whole table:
+``python benchmarks/test_time.py --streams --grid final``.
 
     .venv/bin/python -m pytest tests/testtime/test_pipeline_proof.py -m slow -s
 """
@@ -22,10 +23,11 @@ from tests.testtime.pipeline_folder import FolderModel, pipeline_model
 from tests.testtime.robustness import COMBINED, matrix, recovery
 
 SETS = ("contrast@4", COMBINED, "gaussian_noise@4")
-#: Recovery at least (batch 40, batch 1); noise is the measured miss (23% / 18%), pinned below it.
+#: Recovery at least (batch 40, batch 1); noise is the measured miss (22% / 17%), pinned below it.
 FLOOR = {"contrast@4": (0.5, 0.3), COMBINED: (0.5, 0.3), "gaussian_noise@4": (0.1, 0.1)}
-#: The clean class-ordered streams' measured loss (up to 1.01 points), pinned with room for retraining noise.
-CLEAN_GAP = -0.015
+#: The clean class-ordered streams' measured loss (up to 0.67 points, 4 digits), pinned below the 1.01 points
+#: (6 digits) of the gate alone.
+CLEAN_GAP = -0.009
 #: Without the shift gate the worst of them lost 2.0 points: the gate must keep at least half a point of that.
 GATE_GAIN = 0.005
 
@@ -65,3 +67,30 @@ def test_default_bn_on_the_pipelines_own_network_read_as_a_folder(folder_model: 
         for order in ("as-is", "class-sorted"):
             assert recovered[("pipeline-digits-s1", data, order, 40, "bn")] >= at_40, (data, order)
             assert recovered[("pipeline-digits-s1", data, order, 1, "bn")] >= at_1, (data, order)
+
+
+#: The seed-0 twin (the tuning network): clean streams read as the folder is read and class-sorted, batches of
+#: 32 and 1, stay within this of plain (measured: -0.5 points at worst, 3 of 597 digits). Counting a stray
+#: misprediction as a covered class (the coverage before the support) lost 1.0 point as read at batch 1 (6
+#: digits): the deep layers followed a memory of four true classes as if it held nine.
+TUNING_CLEAN_GAP = -0.008
+
+
+@pytest.mark.slow
+def test_stray_predictions_do_not_pull_the_deep_layers_on_the_tuning_network(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    root: Path = tmp_path_factory.mktemp("pipeline-digits-s0")
+    model = pipeline_model(root, "digits", (), seed=0)
+    cells = matrix(
+        "pipeline-digits",
+        model.onnx_path,
+        {"clean": model.sets["clean"]},
+        model.labels,
+        (32, 1),
+        ("as-is", "class-sorted"),
+        ("none", "bn"),
+    )
+    accuracy = {(c.order, c.batch, c.method): c.accuracy for c in cells}
+    gaps = {k[:2]: accuracy[k] - accuracy[(*k[:2], "none")] for k in accuracy if k[2] == "bn"}
+    assert min(gaps.values()) >= TUNING_CLEAN_GAP, gaps

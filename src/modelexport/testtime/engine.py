@@ -33,7 +33,7 @@ from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .memory import StatisticsMemory, StatisticsPrior
 from .methods import ADAPTATION_METHODS, AdaptationMethod
 from .policy import TestTimePolicy
-from .streams import MIN_BATCH, PRIOR_WINDOW, CollapseGuard, Stream, prior_correction
+from .streams import MIN_BATCH, PRIOR_WINDOW, CollapseGuard, LabelHistory, Stream, prior_correction
 from .tail import Tail, TailBuffer, tail_outputs
 
 if TYPE_CHECKING:
@@ -300,16 +300,26 @@ class TestTimeEngine:
 
     # ---------------------------------------------------------------------------------- memory statistics
 
-    def _memory_state(self, bank: StatisticsMemory | None, n: int, affine: BNState | None) -> BNState:
+    def _memory_state(
+        self,
+        bank: StatisticsMemory | None,
+        n: int,
+        affine: BNState | None,
+        labels: LabelHistory | None = None,
+    ) -> BNState:
         """The robust statistics for a batch of ``n``: the source blended with the memory in every layer, and
-        the batch's own mixed into the stem layers (weights: examples; the source counts ``stem_prior``)."""
+        the batch's own mixed into the stem layers (weights: examples; the source counts ``stem_prior``);
+        ``labels``: the stream's predicted classes, whose time correlation sets how the deep layers count the
+        memory's classes (:meth:`StatisticsPrior.coverage`)."""
         adapter, prior = self.adapter, self._prior
         assert adapter is not None and prior is not None
         count = bank.size if bank is not None else 0
         weight = n / (n + count + self.policy.stem_prior)
         if count:
             gates = prior.gates(bank) if prior.gated else None  # type: ignore[arg-type]
-            mean, var = prior.blend(bank, gates)  # type: ignore[arg-type]
+            num_classes = bank.num_classes  # type: ignore[union-attr]
+            correlated = (lambda: labels.correlated(num_classes)) if labels is not None else False
+            mean, var = prior.blend(bank, gates, correlated)  # type: ignore[arg-type]
             state = adapter.statistics_feeds(mean, var, weight, gates)
         else:
             state = adapter.statistics_feeds(None, None, weight)
@@ -328,7 +338,7 @@ class TestTimeEngine:
             since, size, affine, state = cached
             if size == n and affine is stream.state and clock - since < REFRESH_EXAMPLES:
                 return state
-        state = self._memory_state(bank, n, stream.state)
+        state = self._memory_state(bank, n, stream.state, stream.labels)
         stream.statistics = (clock, n, stream.state, state)
         return state
 
@@ -349,6 +359,9 @@ class TestTimeEngine:
                     classes_out = logits.shape[1] if logits.ndim == 2 and logits.shape[1] > 1 else 1
                     bank = stream.bank = StatisticsMemory(p.memory_size, stats.shape[1], classes_out)
                 bank.add(stats, classes)
+                if stream.labels is None:
+                    stream.labels = LabelHistory()
+                stream.labels.push(classes)
                 stream.batches += 1
                 stream.seen += n
             suspect = self._suspects(stream, classes, logits)
@@ -467,7 +480,7 @@ class TestTimeEngine:
             return adapter.adapted_model(self._adapt(feeds, Stream()) or {})
         stream = stream if stream is not None else Stream()
         with stream.lock:
-            state = self._memory_state(stream.bank, len(feeds[self.input_name]), stream.state)
+            state = self._memory_state(stream.bank, len(feeds[self.input_name]), stream.state, stream.labels)
             scratch = Stream(state=stream.state, memory=dict(stream.memory))
         _, _, state = self._adapted_pass(feeds, state, scratch)
         mixed = adapter.run(feeds, state, [t for i in adapter.mixed for t in mixed_statistics(i)])

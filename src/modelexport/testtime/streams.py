@@ -25,6 +25,7 @@ towards uniform the less evidence there is.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -45,6 +46,7 @@ __all__ = [
     "ORDERS",
     "PRIOR_WINDOW",
     "CollapseGuard",
+    "LabelHistory",
     "Stream",
     "StreamOrder",
     "chi2_critical",
@@ -62,6 +64,8 @@ PRIOR_WINDOW = 64
 MAX_BACKOFF = 8
 #: Predictions the stream's label distribution is estimated from (the label-shift test's reference).
 MARGINAL_WINDOW = 512
+#: Significance of the G-test by which a memory-statistics stream counts as label-correlated (LabelHistory).
+CORRELATION_ALPHA = 0.001
 
 ORDER_HINT = (
     "--order takes as-is, shuffle, stratified, class-sorted or dirichlet:ALPHA (ALPHA > 0), seeded by --seed"
@@ -170,6 +174,7 @@ def _entropy(classes: list[int], num_classes: int) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+@functools.lru_cache(maxsize=64)
 def chi2_critical(dof: int, alpha: float) -> float:
     """The chi-square quantile ``1 - alpha`` with ``dof`` degrees of freedom, without scipy: exact for 1 and 2
     (two classes, three), Wilson-Hilferty above (within 2% for alpha in [0.001, 0.05], 1% from 9 dof)."""
@@ -182,7 +187,9 @@ def chi2_critical(dof: int, alpha: float) -> float:
     return float(dof * (1.0 - h + z * np.sqrt(h)) ** 3)
 
 
-def label_shift_statistic(recent: list[int], history: list[int], num_classes: int) -> float:
+def label_shift_statistic(
+    recent: list[int] | np.ndarray, history: list[int] | np.ndarray, num_classes: int
+) -> float:
     """G statistic (likelihood ratio, ~ chi2(C-1) when ``recent`` is an i.i.d. sample of the stream) of the
     recent predicted classes against the history's class frequencies, add-one smoothed: uniform before any
     history, so a stream is assumed balanced until it shows otherwise."""
@@ -258,6 +265,54 @@ class ClassWindow:
         self.ring[:] = -1
         self.counts[:] = 0
         self.pushed = self.since = 0
+
+
+class LabelHistory:
+    """The last ``SHIFT_WINDOW + MARGINAL_WINDOW`` predicted classes of a memory-statistics stream (a ring).
+
+    :meth:`correlated`: whether the stream's labels arrive correlated in time -- the last ``SHIFT_WINDOW``
+    predictions fail the G-test against the ``MARGINAL_WINDOW`` before them (uniform before any), the
+    label-shift test of :class:`CollapseGuard`. A class-ordered stream does (its recent predictions are one
+    or two classes); an i.i.d. one does not, even where a corruption makes its predictions uneven or
+    collapsed -- the case a memory's class support must not be mistaken for (``memory.py``)."""
+
+    def __init__(self) -> None:
+        self.ring = np.full(SHIFT_WINDOW + MARGINAL_WINDOW, -1, np.int64)
+        self.pushed = 0
+
+    def push(self, classes: np.ndarray) -> None:
+        size = len(self.ring)
+        if len(classes) == 1:  # one example at a time: no array views (batch 1 is per-call bound)
+            self.ring[self.pushed % size] = classes[0]
+            self.pushed += 1
+            return
+        keep = np.asarray(classes, np.int64)[-size:]
+        start = (self.pushed + len(classes) - len(keep)) % size
+        if start + len(keep) <= size:
+            self.ring[start : start + len(keep)] = keep
+        else:
+            self.ring[(start + np.arange(len(keep))) % size] = keep
+        self.pushed += len(classes)
+
+    def correlated(self, num_classes: int, alpha: float = CORRELATION_ALPHA) -> bool:
+        """The G-test of the last ``SHIFT_WINDOW`` predictions against those before them at ``alpha``."""
+        n = min(self.pushed, len(self.ring))
+        if num_classes < 2 or n == 0:
+            return False
+        end = self.pushed % len(self.ring)  # where the next class goes: the ring ends just before it
+        recent = min(n, SHIFT_WINDOW)
+        g = label_shift_statistic(
+            self._span(end - recent, end), self._span(end - n, end - recent), num_classes
+        )
+        return g > chi2_critical(num_classes - 1, alpha)
+
+    def _span(self, start: int, stop: int) -> np.ndarray:
+        """The classes at ring positions ``start`` .. ``stop`` (``start`` may be negative: wrapped)."""
+        if start >= 0:
+            return self.ring[start:stop]
+        if stop <= 0:
+            return self.ring[start : stop or None]
+        return np.concatenate([self.ring[start:], self.ring[:stop]])
 
 
 @dataclass
@@ -384,6 +439,8 @@ class Stream:
     #: The blended statistics last computed: (memory clock, batch size, affine parameters, state).
     statistics: tuple[int, int, Any, dict[str, np.ndarray]] | None = None
     guard: CollapseGuard | None = None
+    #: The predicted classes of a memory-statistics stream (kept on a reset: the stream's label history).
+    labels: LabelHistory | None = None
     #: Collapse-guard resets to the source so far.
     resets: int = 0
     #: Batches the guard served with the source model (collapse, label shift, too small for its statistics).
