@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelexport.optimize.config import OptimizeConfig
 from modelexport.optimize.graph import optimize_model
-from modelexport.optimize.skip_norm import split_skip_layer_norms
+from modelexport.optimize.skip_norm import KEPT_FOR_DECODING, kept_for, split_skip_layer_norms
 from modelexport.runtime.session import CPU_DISABLED_OPTIMIZERS, SessionConfig, create_session
 
 HIDDEN = 16
@@ -103,3 +103,21 @@ def test_o4_keeps_skip_norms_fused_for_gpus_and_o2_splits_them(tiny_bert_onnx: P
     ops = Counter(n.op_type for n in onnx.load(kept).graph.node)
     assert ops["SkipLayerNormalization"] == 4 and result.coverage["coverage_pct"] == 100.0
     assert "skip_layer_norm" not in result.passes[0].record["stats"]
+
+
+@pytest.mark.smoke
+def test_a_graph_with_a_cache_keeps_the_rms_form_fused() -> None:
+    """A graph that takes ``past_key_values.*`` runs mostly one-token steps, where ORT's RMS skip kernel is the
+    faster: it stays fused there (counted as kept), the LayerNorm form is still split; other graphs split both."""
+    rms = _fused_graph(False, (), "SkipSimplifiedLayerNormalization")
+    assert kept_for(rms) == frozenset()
+    cached = onnx.ModelProto()
+    cached.CopyFrom(rms)
+    cached.graph.input.append(helper.make_tensor_value_info("past_key_values.0.key", TensorProto.FLOAT, [1]))
+    assert kept_for(cached) == KEPT_FOR_DECODING
+    kept = split_skip_layer_norms(rms, kept_for(cached))
+    assert (kept.split, kept.kept) == (0, 1) and kept.model.graph.node[
+        0
+    ].op_type == "SkipSimplifiedLayerNormalization"
+    layer_norm = split_skip_layer_norms(_fused_graph(False, ()), kept_for(cached))
+    assert (layer_norm.split, layer_norm.kept) == (1, 0)

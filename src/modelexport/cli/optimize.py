@@ -459,7 +459,8 @@ def optimize_summary(result: OptimizeResult) -> str:
     "--skip-norm-fusion",
     is_flag=True,
     help="Keep SkipLayerNormalization / SkipSimplifiedLayerNormalization fused (for GPUs; -O4 sets it). "
-    "Without it each is split into Add + its normalization, which ONNX Runtime's CPU provider runs faster.",
+    "Without it each is split into Add + its normalization, which ONNX Runtime's CPU provider runs faster "
+    "(a graph with a key/value cache keeps the RMS form: faster on its one-token steps).",
 )
 @click.option("--fp16", is_flag=True, help="Convert to float16 (for GPUs; slower on CPU).")
 @click.option("--simplify", is_flag=True, help="Simplify with onnxslim.")

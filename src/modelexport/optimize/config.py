@@ -376,7 +376,8 @@ class OptimizeConfig:
     transformer_fusion: bool = False
     fusion_engine: str = "auto"  # FUSION_ENGINES
     approximate_gelu: bool = False  # transformer fusion option: Gelu -> FastGelu (tanh approximation)
-    #: Keep the fused skip normalizations (GPU kernels); off: split into Add + normalization, faster on CPU
+    #: Keep the fused skip normalizations (GPU kernels); off: split into Add + normalization, faster on CPU (a
+    #: graph with a key/value cache keeps the RMS form, faster on its one-token steps: ``skip_norm.kept_for``)
     skip_norm_fusion: bool = False
     model_type: str | None = None  # ORT fusion family; None: from the embedded config
     num_heads: int | None = None

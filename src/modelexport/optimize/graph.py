@@ -32,7 +32,7 @@ from .config import OptimizeConfig
 from .fusion import fuse_for_ort, ort_fusion_needed
 from .package import PackageResult, is_multi_graph, transform_package
 from .retag import Retagged, tag_coverage
-from .skip_norm import split_skip_layer_norms
+from .skip_norm import kept_for, split_skip_layer_norms
 from .source import check_sources
 
 if TYPE_CHECKING:
@@ -150,7 +150,9 @@ def transformer_fusion(
         model, stats["ort"] = ort_transformer_optimizer(model, cfg, tmp)
         stats["fused"] = stats["ort"]["fused"]
     if not cfg.skip_norm_fusion:  # ORT's CPU SkipLayerNormalization is slower than Add + LayerNormalization
-        result = split_skip_layer_norms(model)
+        result = split_skip_layer_norms(
+            model, kept_for(model)
+        )  # a decoder's one-token steps keep the RMS form
         model = result.model
         if result.split or result.kept:
             stats["skip_layer_norm"] = {"split_for_cpu": result.split, "kept": result.kept}
