@@ -53,9 +53,9 @@ def _perm(node: ir.Node) -> tuple[int, ...]:
     return tuple(attr.as_ints()) if attr is not None else ()
 
 
-def _split_heads(value: ir.Value, reader: ir.Node) -> tuple[ir.Value, int, list[ir.Node]] | None:
+def _split_heads(value: ir.Value, reader: ir.Node) -> tuple[ir.Value, int] | None:
     """``value`` = Transpose(Reshape(x)) splitting x's (B, S, heads * D) into (B, heads, S, D), read by
-    ``reader`` only: (x, heads, the two nodes)."""
+    ``reader`` only: (x, heads). The two nodes are left unused by the rewrite and removed with the rest."""
     transpose = value.producer()
     if transpose is None or transpose.op_type != "Transpose" or transpose.domain not in ("", "ai.onnx"):
         return None
@@ -73,7 +73,7 @@ def _split_heads(value: ir.Value, reader: ir.Node) -> tuple[ir.Value, int, list[
         return None
     if not (_same_dim(x.shape[0], split.shape[0]) and _same_dim(x.shape[1], split.shape[1])):
         return None
-    return x, width // head, [transpose, reshape]
+    return x, width // head
 
 
 def _same_shape(a: ir.Shape | None, b: ir.Shape | None) -> bool:
@@ -85,19 +85,18 @@ def _same_shape(a: ir.Shape | None, b: ir.Shape | None) -> bool:
     )
 
 
-def _merge_heads(value: ir.Value) -> tuple[ir.Node, bool, list[ir.Node]] | None:
+def _merge_heads(value: ir.Value) -> tuple[ir.Node, bool] | None:
     """``value`` (B, heads, S, D) read only by Transpose ``[0, 2, 1, 3]`` (after a ``Reshape`` that keeps its
     shape, if any) then by a ``Reshape`` to (B, S, heads * D) or (B * S, heads * D): (that last Reshape,
-    whether it is the identity on the 3-D output, the nodes the 3-D output makes unused)."""
+    whether it is the identity on the 3-D output)."""
     if value.is_graph_output() or value.shape is None or value.shape.rank() != 4:
         return None
     heads, head = _static(value.shape[1]), _static(value.shape[3])
-    skipped: list[ir.Node] = []
     uses = value.uses()
     if len(uses) == 1 and uses[0].node.op_type == "Reshape" and uses[0].idx == 0:
         same = uses[0].node  # a view that keeps the shape (``contiguous()``)
         if _same_shape(same.outputs[0].shape, value.shape) and not same.outputs[0].is_graph_output():
-            skipped, uses = [same], same.outputs[0].uses()
+            uses = same.outputs[0].uses()
     if len(uses) != 1 or uses[0].node.op_type != "Transpose" or _perm(uses[0].node) != _HEAD_SPLIT:
         return None
     transpose = uses[0].node
@@ -110,7 +109,7 @@ def _merge_heads(value: ir.Value) -> tuple[ir.Node, bool, list[ir.Node]] | None:
     if out is None or out.rank() not in (2, 3) or not heads or not head or _static(out[-1]) != heads * head:
         return None
     identity = out.rank() == 3 and _same_dim(out[0], value.shape[0]) and _same_dim(out[1], value.shape[2])
-    return reshape, identity, [*skipped, transpose]
+    return reshape, identity
 
 
 def _rewrite(node: ir.Node) -> bool:
@@ -140,7 +139,7 @@ def _rewrite(node: ir.Node) -> bool:
             rotary.attributes["num_heads"] = ir.AttrInt64("num_heads", heads)
     node.attributes["q_num_heads"] = ir.AttrInt64("q_num_heads", inputs[0][2])
     node.attributes["kv_num_heads"] = ir.AttrInt64("kv_num_heads", inputs[1][2])
-    reshape, identity, _ = merged
+    reshape, identity = merged
     attended = node.outputs[0]
     if identity:
         attended.shape = reshape.outputs[0].shape

@@ -150,9 +150,8 @@ def transformer_fusion(
         model, stats["ort"] = ort_transformer_optimizer(model, cfg, tmp)
         stats["fused"] = stats["ort"]["fused"]
     if not cfg.skip_norm_fusion:  # ORT's CPU SkipLayerNormalization is slower than Add + LayerNormalization
-        result = split_skip_layer_norms(
-            model, kept_for(model)
-        )  # a decoder's one-token steps keep the RMS form
+        # a decoder's one-token steps keep the RMS form (faster there)
+        result = split_skip_layer_norms(model, kept_for(model))
         model = result.model
         if result.split or result.kept:
             stats["skip_layer_norm"] = {"split_for_cpu": result.split, "kept": result.kept}
