@@ -15,18 +15,17 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ExportError
+from ..metadata.schema import CACHE_INPUT_PREFIX
 from .inputs import ExampleInputs
 
 if TYPE_CHECKING:
     import torch
     from transformers.cache_utils import Cache
 
-__all__ = ["StepFn", "StepInputs", "PAST_PREFIX"]
+__all__ = ["StepFn", "StepInputs"]
 
 #: step(the model's own forward, the model, **graph inputs) -> outputs
 StepFn = Callable[..., Any]
-#: Graph inputs that carry the past (Optimum's names: ``past_key_values.{i}...``).
-PAST_PREFIX = "past_key_values."
 
 
 @dataclass
@@ -46,20 +45,22 @@ class StepInputs(ExampleInputs):
 
     @property
     def past_names(self) -> list[str]:
-        return [n for n in self.names if n.startswith(PAST_PREFIX)]
+        return [n for n in self.names if n.startswith(CACHE_INPUT_PREFIX)]
 
     def forward_kwargs(self) -> dict[str, Any]:
         """Graph inputs by name; the past as a fresh cache object (a step grows it in place)."""
         past = self.past_names
         kwargs = {n: self.tensors[n] for n in self.names if n not in past}
         if past and self.cache_from is not None:
-            kwargs[PAST_PREFIX.rstrip(".")] = self.cache_from([self.tensors[n] for n in past], self.layers)
+            kwargs[CACHE_INPUT_PREFIX.rstrip(".")] = self.cache_from(
+                [self.tensors[n] for n in past], self.layers
+            )
         return kwargs
 
     def dynamo_shapes(self) -> dict[str, Any]:
         shapes = super().dynamo_shapes()
         past = [shapes[n] for n in self.past_names]
-        return {k: past if k == PAST_PREFIX.rstrip(".") else shapes[k] for k in self.forward_kwargs()}
+        return {k: past if k == CACHE_INPUT_PREFIX.rstrip(".") else shapes[k] for k in self.forward_kwargs()}
 
     def with_tensors(self, tensors: dict[str, Any]) -> StepInputs:
         """The same graph's inputs with other values (a check's)."""

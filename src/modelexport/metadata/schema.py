@@ -37,6 +37,7 @@ __all__ = [
     "KEY_TEST_TIME_POLICY",
     "KEY_TEST_TIME_ENSEMBLE",
     "KEY_GENERATION",
+    "CACHE_INPUT_PREFIX",
     "KEY_EMBEDDING",
     "KEY_ENCODING",
     "KEY_CHECKSUM",
@@ -71,6 +72,9 @@ KEY_TEST_TIME_POLICY = "modelexport.test_time_policy"
 KEY_TEST_TIME_ENSEMBLE = "modelexport.test_time_ensemble"
 #: Generation graphs (``*-with-past``): cache layout and names, generation config (export/generation.py).
 KEY_GENERATION = "modelexport.generation"
+#: The graph inputs that carry a key/value cache (Optimum's names, ``past_key_values.{layer}...``), which every
+#: generation graph of ours takes and every reader of one looks for.
+CACHE_INPUT_PREFIX = "past_key_values."
 #: Sentence-embedding graphs (a sentence-transformers folder): pooling, normalize, the output to return.
 KEY_EMBEDDING = "modelexport.embedding"
 KEY_ENCODING = "modelexport.metadata_encoding"

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..metadata.schema import CACHE_INPUT_PREFIX
+
 if TYPE_CHECKING:
     import onnx
 
@@ -40,14 +42,12 @@ SPLIT_OPS: dict[str, tuple[str, str, bool]] = {
 
 #: The fused ops a graph with a key/value cache keeps (its steps are mostly one token).
 KEPT_FOR_DECODING = frozenset({"SkipSimplifiedLayerNormalization"})
-#: The graph inputs of a key/value cache (Optimum's and our exports' names).
-_CACHE_PREFIX = "past_key_values."
 
 
 def kept_for(model: onnx.ModelProto) -> frozenset[str]:
     """The fused ops :func:`split_skip_layer_norms` leaves in ``model``: :data:`KEPT_FOR_DECODING` when the graph
     takes a key/value cache, none otherwise."""
-    takes_cache = any(i.name.startswith(_CACHE_PREFIX) for i in model.graph.input)
+    takes_cache = any(i.name.startswith(CACHE_INPUT_PREFIX) for i in model.graph.input)
     return KEPT_FOR_DECODING if takes_cache else frozenset()
 
 

@@ -43,7 +43,7 @@ from ..inference.feeds import SampleSet
 from ..inference.pipelines.base import PIPELINES
 from ..inference.pipelines.generation import position_ids
 from ..inference.processors.text import load_tokenizer
-from ..metadata.schema import KEY_QUANTIZATION, KEY_TASK
+from ..metadata.schema import CACHE_INPUT_PREFIX, KEY_QUANTIZATION, KEY_TASK
 from ..metadata.tasks import normalize_task
 from .calibration import find_model_dir
 from .carry import CarryMetadata, model_metadata
@@ -413,7 +413,7 @@ def decoder_calibration_feeds(
         for name, spec in inputs.items():
             if name in full:
                 continue
-            if not name.startswith("past_key_values."):
+            if not name.startswith(CACHE_INPUT_PREFIX):
                 raise ConfigError(
                     f"calibration feeds for this graph need {name!r}, which text does not give",
                     hint="calibrate a decoder or encoder graph on text; an encoder-decoder's decoders cannot be",

@@ -20,7 +20,7 @@ import numpy as np
 from ..._io import read_json_object
 from ..._numeric import softmax
 from ...errors import ConfigError, InferenceError, MetadataError
-from ...metadata.schema import KEY_GENERATION
+from ...metadata.schema import CACHE_INPUT_PREFIX, KEY_GENERATION
 from ..processors import BaseONNXProcessor
 from ..processors.text import Tokenizer
 from .base import ONNXPipeline, register_pipeline
@@ -145,7 +145,7 @@ class _Cache:
         self.ort = ort
         inputs = {i.name: i for i in session.get_inputs()}
         self.in_names = list(
-            record.get("cache_inputs") or [n for n in inputs if n.startswith("past_key_values.")]
+            record.get("cache_inputs") or [n for n in inputs if n.startswith(CACHE_INPUT_PREFIX)]
         )
         outputs = [o.name for o in session.get_outputs()]
         self.out_names = list(record.get("cache_outputs") or [n for n in outputs if n.startswith("present.")])
@@ -260,7 +260,7 @@ class TextGenerationPipeline(ONNXPipeline):
         self.generation_config = self._generation_config()
         names = [i.name for i in session.get_inputs()]
         self.cache = (
-            _Cache(session, self.record) if any(n.startswith("past_key_values.") for n in names) else None
+            _Cache(session, self.record) if any(n.startswith(CACHE_INPUT_PREFIX) for n in names) else None
         )
         self.input_names = names
         self.vocab = self._bound_vocab(session)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ...errors import ConfigError, MetadataError
+from ...metadata.schema import CACHE_INPUT_PREFIX
 from ...onnxfile import package_components
 from ...runtime.session import create_session
 from ..processors import BaseONNXProcessor
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SPEECH_DECODER_TASKS", "Text2TextGenerationPipeline", "SpeechRecognitionPipeline"]
 
-_PRESENT, _PAST = "present.", "past_key_values."
+_PRESENT, _PAST = "present.", CACHE_INPUT_PREFIX
 #: The decoder tasks of prompted speech decoders (Whisper's ``task=``), not pipeline tasks.
 SPEECH_DECODER_TASKS = ("transcribe", "translate")
 #: Encoder outputs every decoder step reads, by decoder input name.

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ...errors import ConfigError, InferenceError, MetadataError
-from ...metadata.schema import KEY_TASK
+from ...metadata.schema import CACHE_INPUT_PREFIX, KEY_TASK
 from ...metadata.store import read_metadata
 from ...metadata.tasks import normalize_task
 from ...onnxfile import package_components, resolve_model_path
@@ -135,7 +135,7 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         names = [i.name for i in self.decoder.get_inputs()]
         self.cache = (
             _Cache(self.decoder, self.record)
-            if any(n.startswith("past_key_values.") for n in names)
+            if any(n.startswith(CACHE_INPUT_PREFIX) for n in names)
             else None
         )
         self.input_names = names

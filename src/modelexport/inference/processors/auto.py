@@ -22,7 +22,13 @@ from ..._registry import Registry
 from ..._transformers import major_version, transformers_version
 from ...errors import InferenceError, MetadataError
 from ...metadata.build import classify_processor_config, processor_section
-from ...metadata.schema import KEY_LIBRARIES, KEY_MODEL_CONFIG, KEY_PROCESSOR_CONFIG, KEY_TASK
+from ...metadata.schema import (
+    CACHE_INPUT_PREFIX,
+    KEY_LIBRARIES,
+    KEY_MODEL_CONFIG,
+    KEY_PROCESSOR_CONFIG,
+    KEY_TASK,
+)
 from ...metadata.store import read_metadata
 from ...onnxfile import resolve_model_path
 from ..graph import GraphInput, graph_inputs
@@ -108,7 +114,7 @@ def _has_text(s: ProcessorSources) -> bool:
 def _has_image(s: ProcessorSources) -> bool:
     """A 4-D float input that is not a key/value cache (``past_key_values.*`` of generation graphs)."""
     return any(
-        len(i.shape) == 4 and i.dtype.startswith("float") and not i.name.startswith("past_key_values.")
+        len(i.shape) == 4 and i.dtype.startswith("float") and not i.name.startswith(CACHE_INPUT_PREFIX)
         for i in s.inputs
     )
 
