@@ -212,6 +212,14 @@ def prior_correction(probs: np.ndarray, recent: np.ndarray) -> np.ndarray:
     return (out / out.sum(axis=-1, keepdims=True)).astype(probs.dtype)
 
 
+def _ring_slots(pushed: int, count: int, size: int) -> slice | np.ndarray:
+    """Where the last ``min(count, size)`` of ``count`` new entries go in a ring of ``size`` slots that has
+    taken ``pushed`` before them: one stretch as a slice (no index array), else the wrapped positions."""
+    kept = min(count, size)
+    start = (pushed + count - kept) % size
+    return slice(start, start + kept) if start + kept <= size else (start + np.arange(kept)) % size
+
+
 class ClassWindow:
     """The last ``size`` predicted classes as a ring buffer with their counts; :meth:`due` is True once
     full and then every quarter window (the entropy is looked at that often, not per example)."""
@@ -235,11 +243,7 @@ class ClassWindow:
             self.counts[new] += 1
         else:
             keep = classes[-size:]
-            start = (self.pushed + len(classes) - len(keep)) % size
-            if start + len(keep) <= size:  # one stretch of the ring: a slice, no index arrays
-                positions: slice | np.ndarray = slice(start, start + len(keep))
-            else:
-                positions = (start + np.arange(len(keep))) % size
+            positions = _ring_slots(self.pushed, len(classes), size)
             old = self.ring[positions]
             if self.pushed >= size:  # a full ring: every slot holds a class
                 self.counts += np.bincount(keep, minlength=len(self.counts))
@@ -286,12 +290,7 @@ class LabelHistory:
             self.ring[self.pushed % size] = classes[0]
             self.pushed += 1
             return
-        keep = np.asarray(classes, np.int64)[-size:]
-        start = (self.pushed + len(classes) - len(keep)) % size
-        if start + len(keep) <= size:
-            self.ring[start : start + len(keep)] = keep
-        else:
-            self.ring[(start + np.arange(len(keep))) % size] = keep
+        self.ring[_ring_slots(self.pushed, len(classes), size)] = np.asarray(classes, np.int64)[-size:]
         self.pushed += len(classes)
 
     def correlated(self, num_classes: int, alpha: float = CORRELATION_ALPHA) -> bool:
