@@ -12,7 +12,7 @@ from .display import diff, echo, progress
 from .options import OptionValue, overwrite_option
 
 if TYPE_CHECKING:
-    from ..export.api import ExportResult
+    from ..export.result import ExportResult
 
 __all__ = ["export_cmd"]
 

@@ -15,8 +15,9 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import ExportResult, export
+    from .api import export
     from .config import ExportConfig, InputSpec, load_input_specs
+    from .result import ExportResult
 
 __all__ = ["ExportConfig", "ExportResult", "InputSpec", "export", "load_input_specs"]
 
@@ -25,7 +26,7 @@ _LAZY: dict[str, str] = {
     "ExportConfig": "config",
     "InputSpec": "config",
     "load_input_specs": "config",
-    "ExportResult": "api",
+    "ExportResult": "result",
     "export": "api",
 }
 

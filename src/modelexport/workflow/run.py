@@ -52,7 +52,7 @@ from .steps import export_network, latency_stats, load_pipeline_data, network_op
 if TYPE_CHECKING:
     import dspy
 
-    from ..export.api import ExportResult
+    from ..export.result import ExportResult
 
 __all__ = ["PipelineRun", "run_pipeline"]
 
