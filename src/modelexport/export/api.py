@@ -150,10 +150,14 @@ def _dump_graphs(ctx: ExportContext) -> None:
 
 
 def _verify(
-    ctx: ExportContext, settings: CaptureSettings, model: bytes | Path, copies: Mapping[str, float]
+    ctx: ExportContext,
+    settings: CaptureSettings,
+    model: bytes | Path,
+    copies: Mapping[str, tuple[float, int | None]],
 ) -> tuple[bool | None, dict[str, Any] | None]:
     """Topology (optional), onnx.checker and parity, on the serialized model (serialized once), and parity of
-    ``copies`` (file name in the package -> tolerance: the optimized graph)."""
+    ``copies`` (file name in the package -> tolerance and the example rows checked, None: all; the optimized
+    graph)."""
     import onnx
 
     identical = None
@@ -188,12 +192,15 @@ def _verify(
         )
         st["detail"] = f"max abs diff {report.worst:.3g} <= {cfg.tolerance} ({cfg.dtype}, {report.provider})"
     parity = {**report.to_dict(), "dtype": cfg.dtype}
-    for name, atol in copies.items():  # e.g. the optimized, deployed graph
+    for name, (atol, rows) in copies.items():  # e.g. the optimized, deployed graph
+        feeds, reference = ctx.inputs.as_numpy(), ctx.reference
+        if rows is not None:  # rows are independent: the first ``rows`` of the batch and of the outputs
+            feeds, reference = {k: v[:rows] for k, v in feeds.items()}, [(n, t[:rows]) for n, t in reference]
         with ctx.stages.stage("parity", name) as st:
             other = check_parity(
                 ctx.staging_dir / name,
-                ctx.inputs.as_numpy(),
-                ctx.reference,
+                feeds,
+                reference,
                 atol,
                 runner_for(cfg.dtype),
                 scaled=cfg.dtype != "float32",

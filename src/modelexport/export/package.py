@@ -61,10 +61,15 @@ class PackageState:
     quantized: GraphVariant | None = None
 
     @property
-    def parity_files(self) -> dict[str, float]:
-        """The copies export checks against PyTorch after the write: file name -> tolerance."""
+    def parity_files(self) -> dict[str, tuple[float, int | None]]:
+        """The copies export checks against PyTorch after the write: file name -> (tolerance, example rows
+        checked; None: all)."""
         copies = (self.optimized, self.quantized)
-        return {v.file: v.parity_atol for v in copies if v is not None and v.parity_atol is not None}
+        return {
+            v.file: (v.parity_atol, v.parity_rows)
+            for v in copies
+            if v is not None and v.parity_atol is not None
+        }
 
 
 #: step(the graph's export, the state so far) -> the next state.

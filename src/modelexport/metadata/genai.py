@@ -153,7 +153,8 @@ def _token_ids(
 
 def _search(generation_config: GenerationConfig | None, context_length: int) -> dict[str, Any]:
     """onnxruntime-genai's search defaults from the generation config. ``past_present_share_buffer`` is off:
-    the graph returns the past and the new tokens concatenated, not written into a buffer of max_length."""
+    an exported graph returns the past and the new tokens concatenated, not written into a buffer of
+    max_length (:func:`retarget_genai_config` turns it on for a graph that does)."""
     search: dict[str, Any] = {"max_length": context_length, "past_present_share_buffer": False}
     for key, kind in _SEARCH_KEYS.items():
         value = getattr(generation_config, key, None)
@@ -222,13 +223,18 @@ def genai_config_mismatch(config: Mapping[str, Any], model: onnx.ModelProto) -> 
     return f"the graph has no {', '.join(missing)}" if missing else None
 
 
-def retarget_genai_config(path: Path, model: onnx.ModelProto, filename: str) -> str | None:
+def retarget_genai_config(
+    path: Path, model: onnx.ModelProto, filename: str, shared_buffer: bool = False
+) -> str | None:
     """Make a copied ``genai_config.json`` name ``filename`` (a transformed graph ``model``) as its decoder;
-    None when done, else why the copy no longer fits ``model`` (the caller drops it)."""
+    ``shared_buffer``: the graph writes new positions into a past buffer of max_length bound as its present
+    too (``GroupQueryAttention``), so onnxruntime-genai's ``past_present_share_buffer`` is on. None when
+    done, else why the copy no longer fits ``model`` (the caller drops it)."""
     config = read_json_object(path, MetadataError, hint=f"re-export the model to write a fresh {path.name}")
     mismatch = genai_config_mismatch(config, model)
     if mismatch:
         return mismatch
     config["model"]["decoder"]["filename"] = filename
+    config.setdefault("search", {})["past_present_share_buffer"] = shared_buffer
     write_json(path, config)
     return None

@@ -25,6 +25,7 @@ from ..hierarchy.tagger import tensor_tags
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY, node_key, set_props
 from ..metadata import read_metadata, update_metadata
 from ..metadata.genai import GENAI_CONFIG_FILE, retarget_genai_config
+from ..metadata.schema import KEY_GENERATION
 from ..onnxfile import (
     DEFAULT_MODEL_FILE,
     GRAPH_FILE_SUFFIXES,
@@ -40,6 +41,7 @@ from ..onnxfile import (
     sidecar_path_for,
     write_derived_manifest,
 )
+from .group_query import shares_cache_buffer
 
 if TYPE_CHECKING:
     import onnx
@@ -74,8 +76,22 @@ def carry_metadata(
     after.ClearField("metadata_props")
     set_props(after, carried)
     record = json.loads(json.dumps(record, default=str))  # plain JSON types only
-    update_metadata(after, {record_key: record})
+    update_metadata(after, {record_key: record, **_cache_layout(after)})
     return sorted({p.key for p in after.metadata_props})
+
+
+def _cache_layout(model: onnx.ModelProto) -> dict[str, Any]:
+    """The generation record with ``cache.shared_buffer`` as ``model``'s graph allows it (a transform may have
+    given the cache to ``GroupQueryAttention``, or taken it away): {} when nothing changes."""
+    generation = read_metadata(model).get(KEY_GENERATION)
+    cache = generation.get("cache") if isinstance(generation, dict) else None
+    if not isinstance(cache, dict):
+        return {}
+    shared = shares_cache_buffer(model)
+    if bool(cache.get("shared_buffer")) == shared:
+        return {}
+    cache = {k: v for k, v in cache.items() if k != "shared_buffer"}
+    return {KEY_GENERATION: {**generation, "cache": {**cache, "shared_buffer": True} if shared else cache}}
 
 
 @dataclass(frozen=True)
@@ -207,7 +223,7 @@ def _retarget_genai(model: onnx.ModelProto, dst: Path, copied: list[str]) -> lis
     """The copied genai_config.json pointed at the transformed graph ``dst``; dropped when it no longer
     fits."""
     staged = dst.parent / GENAI_CONFIG_FILE
-    mismatch = retarget_genai_config(staged, model, dst.name)
+    mismatch = retarget_genai_config(staged, model, dst.name, shares_cache_buffer(model))
     if mismatch is None:
         return copied
     staged.unlink()  # our own copy in the staging folder

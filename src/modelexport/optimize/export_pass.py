@@ -31,6 +31,7 @@ from ..onnxfile import record_deployed_model, save_onnx, sidecar_path_for, varia
 from .carry import remap_sidecar
 from .config import OptimizeConfig, QuantizeConfig
 from .graph import op_changes, optimize_with_record
+from .group_query import shares_cache_buffer
 from .quantization import quantize_proto
 from .retag import tag_coverage
 
@@ -74,6 +75,10 @@ class GraphVariant:
     notes: tuple[str, ...] = ()
     #: The tolerance export checks the copy against PyTorch with (None: not checked).
     parity_atol: float | None = None
+    #: The example's rows it is checked on (None: all). A cache given to ``GroupQueryAttention`` takes several
+    #: new tokens onto a non-empty past for one row only (ONNX Runtime's rule), as the export's example step
+    #: is; rows are independent, so the first row checks the same numbers.
+    parity_rows: int | None = None
 
 
 def package_variants(optimize: str | None, quantize: str | None) -> tuple[list[str], str | None]:
@@ -131,7 +136,8 @@ def write_optimized(source: VariantSource, level: str, tolerance: float, *, depl
         f"{len(optimized.graph.node)} nodes, tags {coverage}%)" + (f"; fused: {fused}" if fused else "")
     )
     record = {"file": name, "preset": level, "fused": fused, "op_changes": changes}
-    return GraphVariant(optimized, name, side, coverage, record, (note,), parity_atol(cfg, tolerance))
+    rows = 1 if shares_cache_buffer(optimized) else None
+    return GraphVariant(optimized, name, side, coverage, record, (note,), parity_atol(cfg, tolerance), rows)
 
 
 def write_quantized(

@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..hierarchy.graph import index_limits
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY
+from ..metadata.schema import CACHE_INPUT_PREFIX
 from ..runtime.session import create_session
 from .attention_heads import HEADS_RULE, attention_on_projections
+from .group_query import GQA_RULE, attention_as_gqa
 from .mask_index import use_mask_index
 from .masked_attention import fuse_masked_attention
 from .rotary_freqs import normalize_rotary_freqs
@@ -46,6 +48,7 @@ from .rotary_freqs import normalize_rotary_freqs
 if TYPE_CHECKING:
     import onnx
     import onnx_ir as ir
+    from onnxruntime import InferenceSession
 
 __all__ = [
     "FUSION_REPORT_KEYS",
@@ -71,6 +74,7 @@ FUSION_REPORT_KEYS: dict[str, tuple[str, ...]] = {
     "multi_head_attention": ("mha1", "mha2", "kv_cache_mha", "no_cache_mha"),
     "sdpa": ("sdpa",),
     "group_query_attention": ("gqa", "packed_qkv_for_gqa", "kv_cache_gqa", "no_cache_gqa"),
+    "shared_cache_attention": (GQA_RULE,),
     "rotary_embedding": ("rotary_embedding", "partial_rotary_embedding"),
     "cos_sin_cache": ("cos_sin_cache",),
     "skip_layer_normalization": ("skip_layer_normalization",),
@@ -134,7 +138,12 @@ def _all_fusions(model: ir.Model) -> dict[str, int]:
 
     normalize_rotary_freqs(model)  # transformers 5's rotary angles, in the form the cos/sin rule matches
     counts = optimize_for_ort(model)[1]
-    return {**counts, **fuse_masked_attention(model), **attention_on_projections(model)}
+    return {
+        **counts,
+        **fuse_masked_attention(model),
+        **attention_on_projections(model),
+        **attention_as_gqa(model),
+    }
 
 
 def _safe_only(model: ir.Model) -> dict[str, int]:
@@ -151,10 +160,15 @@ def _safe_and_attention(model: ir.Model) -> dict[str, int]:
     """The safe fusions and each attention as ONNX ``Attention`` with the graph's own mask: for graphs
     where one of onnxscript's other rules changes the outputs (its GroupQueryAttention and rotary rules
     on a decoder exported without a cache)."""
-    return {**_safe_only(model), **fuse_masked_attention(model), **attention_on_projections(model)}
+    return {
+        **_safe_only(model),
+        **fuse_masked_attention(model),
+        **attention_on_projections(model),
+        **attention_as_gqa(model),
+    }
 
 
-def _dynamic_sizes(model: onnx.ModelProto) -> dict[str, int]:
+def _dynamic_sizes(model: onnx.ModelProto, seq: int = PROBE_SEQ, past: int = PROBE_PAST) -> dict[str, int]:
     """Probe size per dynamic dim symbol: batch 2, sequence 8, a cache's past length 5, a mask over
     past + new tokens (a symbol only the mask has, in a graph with ``past*`` inputs) 8 + 5, an image's
     height and width :data:`PROBE_IMAGE`."""
@@ -164,53 +178,87 @@ def _dynamic_sizes(model: onnx.ModelProto) -> dict[str, int]:
         for k, d in enumerate(inp.type.tensor_type.shape.dim):
             if d.dim_param:
                 owners.setdefault(d.dim_param, set()).add(inp.name)
-                past = "past" in inp.name.lower() and k == 2
-                size = PROBE_IMAGE if d.dim_param in IMAGE_AXES else PROBE_PAST if past else PROBE_SEQ
+                on_past = "past" in inp.name.lower() and k == 2
+                size = PROBE_IMAGE if d.dim_param in IMAGE_AXES else past if on_past else seq
                 sizes.setdefault(d.dim_param, PROBE_BATCH if k == 0 else size)
     if any("past" in i.name.lower() for i in model.graph.input):
         for inp in model.graph.input:
             dims = inp.type.tensor_type.shape.dim
             if "mask" in inp.name.lower() and len(dims) == 2 and owners.get(dims[1].dim_param) == {inp.name}:
-                sizes[dims[1].dim_param] = PROBE_SEQ + PROBE_PAST
+                sizes[dims[1].dim_param] = seq + past
     return sizes
 
 
-def probe_feeds(model: onnx.ModelProto, left: bool = False) -> dict[str, Any]:
+def probe_feeds(
+    model: onnx.ModelProto, left: bool = False, seq: int = PROBE_SEQ, past: int = PROBE_PAST
+) -> dict[str, Any]:
     """A padded batch for every graph input (sizes: :func:`_dynamic_sizes`); integer ``*mask*`` inputs are
-    ones with the second row's last (``left``: first) 3 positions zero; other integers in [0, 10) (below
+    ones with the second row's last (``left``: first) 3 positions zero; a cached decoder's ``position_ids``
+    as transformers counts them from that mask (kept tokens before, padding at 1); other integers in [0, 10) (below
     the rows of a table they index); floats standard normal."""
     import numpy as np
     from onnx import helper
 
     rng = np.random.default_rng(0)
     limits = index_limits(model)
-    sizes = _dynamic_sizes(model)
+    sizes = _dynamic_sizes(model, seq, past)
+    cached = any(i.name.startswith(CACHE_INPUT_PREFIX) for i in model.graph.input)
+    mask = None  # read by position_ids after it (the graph lists the mask first, as transformers does)
     feeds: dict[str, Any] = {}
     for inp in model.graph.input:
         tensor = inp.type.tensor_type
         shape = [
-            d.dim_value or sizes.get(d.dim_param, PROBE_BATCH if k == 0 else PROBE_SEQ)
+            d.dim_value or sizes.get(d.dim_param, PROBE_BATCH if k == 0 else seq)
             for k, d in enumerate(tensor.shape.dim)
         ]
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
         if dtype.kind in "iub" and "mask" in inp.name.lower() and len(shape) >= 2 and shape[0] > 1:
             value = np.ones(shape, dtype)
             value[1, ..., slice(0, PROBE_PAD) if left else slice(-PROBE_PAD, None)] = 0
+        elif inp.name == "position_ids" and cached and len(shape) == 2 and mask is not None:
+            value = (np.where(mask == 0, 1, np.cumsum(mask, axis=-1) - 1)[:, -shape[1] :]).astype(dtype)
         elif dtype.kind in "iu":
             value = rng.integers(0, min(PROBE_ID_RANGE, limits.get(inp.name, PROBE_ID_RANGE)), shape)
             value = value.astype(dtype)
         else:
             value = rng.standard_normal(shape).astype(dtype)
         feeds[inp.name] = value
+        if dtype.kind in "iub" and "mask" in inp.name.lower() and len(shape) == 2:
+            mask = value
     return feeds
 
 
+def _outputs(session: InferenceSession, feeds: dict[str, Any]) -> list[Any]:
+    """What the probe compares: every output; for a graph with a cache, what decoding reads of two steps
+    (each graph continuing its own cache): the first output (logits) of the prompt's kept tokens, then all of
+    the next token's (one new kept token per row). A fused cache may hold the same keys differently (a
+    rotary cache at shifted positions, :mod:`.group_query`), so it is checked by the step that reads it."""
+    import numpy as np
+
+    names = [o.name for o in session.get_outputs()]
+    outputs = session.run(None, feeds)
+    pasts = [i.name for i in session.get_inputs() if i.name.startswith(CACHE_INPUT_PREFIX)]
+    mask = next((v for k, v in feeds.items() if "mask" in k.lower() and np.ndim(v) == 2), None)
+    if not pasts or mask is None or "input_ids" not in feeds:
+        return outputs
+    new = feeds["input_ids"].shape[1]
+    kept = mask[:, -new:].astype(bool)
+    step = {**feeds, "input_ids": feeds["input_ids"][:, -1:]}
+    step[next(k for k in feeds if feeds[k] is mask)] = np.concatenate([mask, np.ones_like(mask[:, :1])], axis=1)
+    if "position_ids" in step:
+        step["position_ids"] = (mask.sum(axis=1, keepdims=True)).astype(feeds["position_ids"].dtype)
+    presents = [n for n in names[1:] if n.startswith("present")]
+    step.update(zip(pasts, (outputs[names.index(n)] for n in presents), strict=True))
+    return [outputs[0][kept], session.run(None, step)[0]]
+
+
 def _max_diff(reference: list[Any], model: onnx.ModelProto, feeds: dict[str, Any]) -> float:
-    """Largest |difference| of ``model``'s outputs from ``reference`` (inf when it fails to run)."""
+    """Largest |difference| of ``model``'s probe outputs (:func:`_outputs`) from ``reference`` (inf when it
+    fails to run)."""
     import numpy as np
 
     try:
-        outputs = create_session(model, log_severity_level=4)[0].run(None, feeds)
+        outputs = _outputs(create_session(model, log_severity_level=4)[0], feeds)
     except Exception:  # noqa: BLE001 - a fused graph ORT rejects is a failed fusion, reported as such
         return math.inf
     return max(
@@ -246,17 +294,28 @@ def _matched(rules: dict[str, int]) -> dict[str, int]:
     }
 
 
+def _probe_steps(model: onnx.ModelProto) -> tuple[tuple[int, int], ...]:
+    """(new tokens, past length) of each probe. A graph with a cache is checked on what decoding runs: a
+    prompt on an empty cache, then (:func:`_outputs`) one token on the cache it wrote; not several new tokens
+    onto a past (ONNX Runtime's ``GroupQueryAttention`` takes those for a batch of one only)."""
+    if any(i.name.startswith(CACHE_INPUT_PREFIX) for i in model.graph.input):
+        return ((PROBE_SEQ, 0),)
+    return ((PROBE_SEQ, PROBE_PAST),)
+
+
 def fuse_for_ort(model: onnx.ModelProto, atol: float = VERIFY_ATOL) -> tuple[onnx.ModelProto, dict[str, Any]]:
     """``model`` fused by onnxscript (input untouched), checked against ``model`` on :func:`probe_feeds`.
 
     Stats: ``matched`` (fusion -> patterns matched, non-zero only), ``rules`` (onnxscript's counters),
     ``max_abs_diff`` on the probe, and ``rejected`` (why the full set was not used) when it fell back.
     """
-    probes = [probe_feeds(model), probe_feeds(model, left=True)]  # encoders pad right, decoders left
+    probes = [  # encoders pad right, decoders left; a cached decoder's prompt, then one token on a past
+        probe_feeds(model, left, seq, past) for seq, past in _probe_steps(model) for left in (False, True)
+    ]
     stats: dict[str, Any] = {"tool": "onnxscript.rewriter.ort_fusions"}
     try:
         session = create_session(model, log_severity_level=4)[0]
-        references = [session.run(None, feeds) for feeds in probes]
+        references = [_outputs(session, feeds) for feeds in probes]
     except Exception as exc:  # noqa: BLE001 - inputs the probe cannot build (a shape the graph constrains)
         reason = f"the unfused model does not run on generated probe inputs ({type(exc).__name__}); fusion unchecked"
         return model, {**stats, "fusions": "none", "matched": {}, "rules": {}, "rejected": {"probe": reason}}

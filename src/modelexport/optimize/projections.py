@@ -22,9 +22,12 @@ from ..hierarchy.tags import common_ancestor, node_tag, set_node_tag
 if TYPE_CHECKING:
     import onnx
 
-__all__ = ["FuseProjections", "sibling_groups"]
+__all__ = ["PACKED_READERS", "FuseProjections", "sibling_groups"]
 
 _INHERITED = "inherited"
+#: Ops that take their first ``n`` inputs packed side by side in the first one (the others then empty):
+#: ONNX Runtime's GroupQueryAttention reads query, key and value from one (B, S, q + k + v) tensor.
+PACKED_READERS: dict[tuple[str, str], int] = {("com.microsoft", "GroupQueryAttention"): 3}
 
 
 def _tag(node: onnx.NodeProto) -> str | None:
@@ -52,7 +55,9 @@ class FuseProjections:
     """MatMuls among ``names`` that read the same tensor -> one MatMul (weights side by side) + ``Split``.
 
     The joined MatMul keeps the first node's name with ``_joined`` (quantizers name their nodes after it),
-    the ``Split`` writes the old outputs, so every consumer is untouched. The input model is not changed.
+    the ``Split`` writes the old outputs, so every consumer is untouched; a reader that takes them packed
+    (``PACKED_READERS``: GroupQueryAttention's query, key, value) reads the joined output instead, its columns
+    in the order it lists them, and there is no ``Split``. The input model is not changed.
     """
 
     names: frozenset[str]
@@ -72,7 +77,11 @@ class FuseProjections:
         inits = {t.name: t for t in copy.graph.initializer}
         replace: dict[int, list[Any]] = {}
         joined: list[str] = []
+        readers = _readers(copy.graph)
         for group in groups:
+            packed = _packed_reader([copy.graph.node[k] for k in group], readers)
+            if packed is not None:  # the joined columns in the order the reader lists them
+                group = sorted(group, key=lambda k: list(packed.input).index(copy.graph.node[k].output[0]))
             nodes = [copy.graph.node[k] for k in group]
             weights = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
             base = f"{nodes[0].name}_joined"
@@ -82,25 +91,51 @@ class FuseProjections:
             )
             copy.graph.initializer.extend([weight, sizes])
             product = helper.make_node("MatMul", [nodes[0].input[0], weight.name], [f"{base}_out"], name=base)
-            split = helper.make_node(
-                "Split",
-                [product.output[0], sizes.name],
-                [n.output[0] for n in nodes],
-                name=f"{base}_split",
-                axis=-1,
-            )
+            written = [product]
+            if packed is None:
+                outputs = [n.output[0] for n in nodes]
+                split = helper.make_node(
+                    "Split", [product.output[0], sizes.name], outputs, name=f"{base}_split", axis=-1
+                )
+                written.append(split)
+            else:
+                packed.input[: len(nodes)] = [product.output[0], *[""] * (len(nodes) - 1)]
             tag = common_ancestor({t for n in nodes if (t := _tag(n))})
-            for new in (product, split):
+            for new in written:
                 if tag:
                     set_node_tag(new, tag, _INHERITED)
-            replace[group[0]] = [product, split]
-            replace.update({k: [] for k in group[1:]})
+            replace[min(group)] = written
+            replace.update({k: [] for k in group if k != min(group)})
             joined.append(", ".join(n.name for n in nodes))
         kept = [new for k, node in enumerate(copy.graph.node) for new in replace.get(k, [node])]
         del copy.graph.node[:]
         copy.graph.node.extend(kept)
         _drop_unused_initializers(copy)
         return PassResult(copy, True, {"joined": len(groups), "joined_nodes": joined})
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            readers[name].append(node)
+    return readers
+
+
+def _packed_reader(
+    nodes: list[onnx.NodeProto], readers: dict[str, list[onnx.NodeProto]]
+) -> onnx.NodeProto | None:
+    """The one node that reads the outputs of ``nodes``, and nothing else reads, as the inputs it also takes
+    packed side by side in its first input (``PACKED_READERS``), else None."""
+    outputs = [n.output[0] for n in nodes]
+    found = {id(r): r for name in outputs for r in readers.get(name, [])}
+    if len(found) != 1 or any(len(readers.get(name, [])) != 1 for name in outputs):
+        return None
+    (reader,) = found.values()
+    count = PACKED_READERS.get((reader.domain, reader.op_type))
+    if count is None or count != len(outputs) or sorted(reader.input[:count]) != sorted(outputs):
+        return None
+    return reader
 
 
 def _used_names(graph: onnx.GraphProto) -> set[str]:

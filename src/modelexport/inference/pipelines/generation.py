@@ -155,6 +155,9 @@ class _Cache:
         self.value_dim = layout.get("value_head_dim") or self.key_dim
         self.dtype = np.dtype(layout.get("dtype", "float32"))
         self.device = device_of(session)
+        #: One buffer per layer serves as past and present (the graph writes each step's positions into it:
+        #: ``GroupQueryAttention``, :mod:`modelexport.optimize.group_query`); on the CPU only.
+        self.shared = bool(layout.get("shared_buffer")) and self.device == "cpu"
 
     def _dim(self, inputs: dict[str, NodeArg], axis: int) -> int:
         value = inputs[self.in_names[0]].shape[axis]
@@ -172,6 +175,54 @@ class _Cache:
             )
             for n in self.in_names
         ]
+
+
+class _SharedCache:
+    """A decoding's cache as one zeroed buffer per cache input, ``room`` positions long, bound through one IO
+    binding as the layer's past and as its present: each step the graph writes only its new positions, where
+    a concatenating graph copies the whole cache into a new present (issue 26). Row order follows beams
+    (:meth:`reorder`)."""
+
+    def __init__(self, session: InferenceSession, cache: _Cache, batch: int, room: int) -> None:
+        self.buffers = [
+            np.zeros(
+                (batch, cache.heads, room, cache.key_dim if n.endswith(".key") else cache.value_dim),
+                cache.dtype,
+            )
+            for n in cache.in_names
+        ]
+        self.binding = session.io_binding()
+        for past, present, buffer in zip(cache.in_names, cache.out_names, self.buffers, strict=True):
+            value = cache.ort.OrtValue.ortvalue_from_numpy(buffer)  # shares the array's memory
+            self.binding.bind_ortvalue_input(past, value)
+            self.binding.bind_ortvalue_output(present, value)
+        self.session, self.first = session, session.get_outputs()[0].name
+        self.logits: dict[tuple[int, ...], np.ndarray] = {}
+        self.bound: tuple[int, ...] = ()
+
+    def run(self, feeds: dict[str, np.ndarray], vocab: int) -> np.ndarray:
+        """One step: ``feeds`` bound (the arrays are read in place), the logits written into a buffer of ours;
+        returns the last position's."""
+        shape = (*feeds[next(k for k in _TOKEN_FEEDS if k in feeds)].shape[:2], vocab)
+        logits = self.logits.get(shape)
+        if logits is None:
+            logits = self.logits[shape] = np.empty(shape, np.float32)
+        try:
+            if shape != self.bound:  # the prompt's, then one token's: bound when the shape changes
+                self.binding.bind_output(self.first, "cpu", 0, np.float32, list(shape), logits.ctypes.data)
+                self.bound = shape
+            for name, value in feeds.items():
+                self.binding.bind_cpu_input(name, value)
+            self.session.run_with_iobinding(self.binding)
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types; re-raised typed
+            raise _failed(feeds, exc) from exc
+        return logits[:, -1, :]
+
+    def reorder(self, order: np.ndarray) -> _SharedCache:
+        """The rows following the beams that survived, in place (the binding keeps pointing at them)."""
+        for buffer in self.buffers:
+            buffer[:] = buffer[order]
+        return self
 
 
 def _failed(feeds: dict[str, np.ndarray], exc: Exception) -> InferenceError:
@@ -370,6 +421,8 @@ class TextGenerationPipeline(ONNXPipeline):
             except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types; re-raised typed
                 raise _failed(feeds, exc) from exc
             return logits[:, -1, :], []
+        if isinstance(past, _SharedCache):
+            return past.run(feeds, int(self.vocab)), past
         bound = dict(zip(self.cache.in_names, past or [], strict=True))
         ids = feeds["input_ids"]
         buffered = self.vocab and not _one_token_on_cpu(feeds, self.cache.device)
@@ -380,8 +433,13 @@ class TextGenerationPipeline(ONNXPipeline):
     # The decoding state is each subclass's own (here the cache OrtValues, None without a cache; an
     # encoder-decoder's holds its encoder states too): generate() only hands it from one step to the next, so
     # these three hooks type it Any and each override names its own.
-    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None) -> Any:
-        """The state before the first step (here: an empty past); ``context`` is what generate() was given."""
+    def _begin(
+        self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None, room: int = 0
+    ) -> Any:
+        """The state before the first step (here: an empty past, or a shared buffer of ``room`` positions: the
+        prompt and every new token); ``context`` is what generate() was given."""
+        if self.cache is not None and self.cache.shared and self.vocab and room:
+            return _SharedCache(self.session, self.cache, len(ids), room)
         return self.cache.empty(len(ids)) if self.cache else None
 
     def _advance(self, ids: np.ndarray, mask: np.ndarray, new: int, past: Any) -> tuple[np.ndarray, Any]:
@@ -390,6 +448,8 @@ class TextGenerationPipeline(ONNXPipeline):
 
     def _reorder(self, past: Any, order: np.ndarray) -> Any:
         """The state with its rows following the beams that survived."""
+        if isinstance(past, _SharedCache):
+            return past.reorder(order)
         return [self.cache.ort.OrtValue.ortvalue_from_numpy(p.numpy()[order]) for p in past] if past else past
 
     @property
@@ -413,7 +473,7 @@ class TextGenerationPipeline(ONNXPipeline):
             return self._beam_search(input_ids, attention_mask, settings, context)
         rng = np.random.default_rng(settings.seed)
         ids, mask = input_ids.astype(np.int64), attention_mask.astype(np.int64)
-        past = self._begin(ids, mask, context)
+        past = self._begin(ids, mask, context, room=ids.shape[1] + settings.max_new_tokens)
         unfinished = np.ones(len(ids), dtype=bool)
         new = ids.shape[1]
         eos, pad = np.array(sorted(self.eos_ids), np.int64), self.pad_id  # read once, not per token
@@ -477,7 +537,7 @@ class TextGenerationPipeline(ONNXPipeline):
         beams, batch, length = s.num_beams, len(input_ids), input_ids.shape[1]
         ids = np.repeat(input_ids.astype(np.int64), beams, axis=0)
         mask = np.repeat(attention_mask.astype(np.int64), beams, axis=0)
-        past = self._begin(ids, mask, context)
+        past = self._begin(ids, mask, context, room=length + s.max_new_tokens)
         beam_scores = np.zeros((batch, beams), np.float32)
         beam_scores[:, 1:] = -1e9  # the first step expands from one beam
         done: list[list[tuple[float, np.ndarray]]] = [[] for _ in range(batch)]

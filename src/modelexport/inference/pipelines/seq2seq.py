@@ -104,8 +104,11 @@ class _EncoderDecoder(TextGenerationPipeline):
             if value is not None
         }
 
-    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None) -> _State:
-        """``context``: the encoder's feeds (:meth:`generate_from` always gives them)."""
+    def _begin(
+        self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None, room: int = 0
+    ) -> _State:
+        """``context``: the encoder's feeds (:meth:`generate_from` always gives them); ``room`` is unused (the
+        decoder's cache grows by concatenation)."""
         return _State(self._encode(context, len(ids)))
 
     def _advance(

@@ -184,9 +184,12 @@ class ImageTextToTextPipeline(TextGenerationPipeline):
         )
 
     # ------------------------------------------------------------------------------ decoding steps
-    def _begin(self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None) -> _State:
+    def _begin(
+        self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None, room: int = 0
+    ) -> _State:
         """Image features merged into the prompt's embeddings; positions and token types (each prompt row
-        repeated for its beams). ``context``: the processor's feeds (:meth:`generate_from` always gives them)."""
+        repeated for its beams). ``context``: the processor's feeds (:meth:`generate_from` always gives them);
+        ``room`` is unused (the decoder's cache grows by concatenation)."""
         feeds: dict[str, np.ndarray] = context
         embeds = merge_image_features(
             self.embed(feeds["input_ids"]),
