@@ -184,21 +184,24 @@ def test_o2_attention_is_exact_on_every_position_of_a_left_padded_first_step(
 
 
 def test_o2_decodes_into_one_cache_buffer_with_the_unfused_tokens(
-    llama_with_past: Any, llama_o2: tuple[Path, OptimizeResult]
+    llama_with_past: Any, llama_o2: tuple[Path, OptimizeResult], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The pipeline binds one zeroed buffer per layer as past and present of the -O2 graph (its metadata says
     the graph allows it) and ONNX Runtime writes each step's positions into it: greedy and beam tokens of a
-    left-padded batch equal the unfused graph's, whose cache grows by concatenation; the buffer holds every
-    real token's key, zeros past them."""
+    left-padded batch equal the unfused graph's, whose cache grows by concatenation, also when the buffers
+    start 2 positions past the prompt and have to grow twice; the buffer holds every real token's key, zeros
+    past them."""
     plain = pipeline("text-generation", model=llama_with_past[1])
     fused = pipeline("text-generation", model=llama_o2[0])
     assert fused.cache.shared and not plain.cache.shared
     ids, mask = plain.encode(PROMPTS)
     for options in (dict(max_new_tokens=7), dict(max_new_tokens=5, num_beams=2)):
         settings = plain.settings(**options)
-        np.testing.assert_array_equal(
-            fused.generate(ids, mask, settings), plain.generate(ids, mask, settings)
-        )
+        expected = plain.generate(ids, mask, settings)
+        np.testing.assert_array_equal(fused.generate(ids, mask, settings), expected)
+        with monkeypatch.context() as patch:
+            patch.setattr(_SharedCache, "INITIAL_NEW", 2)
+            np.testing.assert_array_equal(fused.generate(ids, mask, settings), expected)
     state = fused._begin(ids, mask, None, room=ids.shape[1] + 3)
     assert isinstance(state, _SharedCache) and state.buffers[0].shape[2] == ids.shape[1] + 3
     for step in range(3):

@@ -238,8 +238,9 @@ def _outputs(session: InferenceSession, feeds: dict[str, Any]) -> list[Any]:
     names = [o.name for o in session.get_outputs()]
     outputs = session.run(None, feeds)
     pasts = [i.name for i in session.get_inputs() if i.name.startswith(CACHE_INPUT_PREFIX)]
+    presents = [n for n in names[1:] if n.startswith("present")]
     mask = next((v for k, v in feeds.items() if "mask" in k.lower() and np.ndim(v) == 2), None)
-    if not pasts or mask is None or "input_ids" not in feeds:
+    if not pasts or len(pasts) != len(presents) or mask is None or "input_ids" not in feeds:
         return outputs
     new = feeds["input_ids"].shape[1]
     kept = mask[:, -new:].astype(bool)
@@ -247,7 +248,6 @@ def _outputs(session: InferenceSession, feeds: dict[str, Any]) -> list[Any]:
     step[next(k for k in feeds if feeds[k] is mask)] = np.concatenate([mask, np.ones_like(mask[:, :1])], axis=1)
     if "position_ids" in step:
         step["position_ids"] = (mask.sum(axis=1, keepdims=True)).astype(feeds["position_ids"].dtype)
-    presents = [n for n in names[1:] if n.startswith("present")]
     step.update(zip(pasts, (outputs[names.index(n)] for n in presents), strict=True))
     return [outputs[0][kept], session.run(None, step)[0]]
 
@@ -298,9 +298,18 @@ def _probe_steps(model: onnx.ModelProto) -> tuple[tuple[int, int], ...]:
     """(new tokens, past length) of each probe. A graph with a cache is checked on what decoding runs: a
     prompt on an empty cache, then (:func:`_outputs`) one token on the cache it wrote; not several new tokens
     onto a past (ONNX Runtime's ``GroupQueryAttention`` takes those for a batch of one only)."""
-    if any(i.name.startswith(CACHE_INPUT_PREFIX) for i in model.graph.input):
+    if _feeds_its_cache_back(model):
         return ((PROBE_SEQ, 0),)
     return ((PROBE_SEQ, PROBE_PAST),)
+
+
+def _feeds_its_cache_back(model: onnx.ModelProto) -> bool:
+    """A decoder of token ids whose every cache input has its ``present`` output (not an encoder-decoder's
+    step, whose cross-attention cache comes from the first step, nor one fed embeddings)."""
+    names = {i.name for i in model.graph.input}
+    pasts = [n for n in names if n.startswith(CACHE_INPUT_PREFIX)]
+    presents = [o for o in model.graph.output if o.name.startswith("present")]
+    return bool(pasts) and len(pasts) == len(presents) and "input_ids" in names
 
 
 def fuse_for_ort(model: onnx.ModelProto, atol: float = VERIFY_ATOL) -> tuple[onnx.ModelProto, dict[str, Any]]:

@@ -180,10 +180,15 @@ class _Cache:
 class _SharedCache:
     """A decoding's cache as one zeroed buffer per cache input, ``room`` positions long, bound through one IO
     binding as the layer's past and as its present: each step the graph writes only its new positions, where
-    a concatenating graph copies the whole cache into a new present (issue 26). Row order follows beams
-    (:meth:`reorder`)."""
+    a concatenating graph copies the whole cache into a new present (issue 26). A step past the room moves
+    the cache into buffers twice as long (a large ``max_new_tokens`` reserves nothing up front); row order
+    follows beams (:meth:`reorder`)."""
+
+    #: Positions reserved past the prompt at the start (more as the generation needs them).
+    INITIAL_NEW = 512
 
     def __init__(self, session: InferenceSession, cache: _Cache, batch: int, room: int) -> None:
+        self.cache = cache
         self.buffers = [
             np.zeros(
                 (batch, cache.heads, room, cache.key_dim if n.endswith(".key") else cache.value_dim),
@@ -192,18 +197,39 @@ class _SharedCache:
             for n in cache.in_names
         ]
         self.binding = session.io_binding()
-        for past, present, buffer in zip(cache.in_names, cache.out_names, self.buffers, strict=True):
-            value = cache.ort.OrtValue.ortvalue_from_numpy(buffer)  # shares the array's memory
-            self.binding.bind_ortvalue_input(past, value)
-            self.binding.bind_ortvalue_output(present, value)
+        self._bind_cache()
         self.session, self.first = session, session.get_outputs()[0].name
         self.logits: dict[tuple[int, ...], np.ndarray] = {}
         self.bound: tuple[int, ...] = ()
+
+    def _bind_cache(self) -> None:
+        names = zip(self.cache.in_names, self.cache.out_names, self.buffers, strict=True)
+        for past, present, buffer in names:
+            value = self.cache.ort.OrtValue.ortvalue_from_numpy(buffer)  # shares the array's memory
+            self.binding.bind_ortvalue_input(past, value)
+            self.binding.bind_ortvalue_output(present, value)
+
+    def _grow(self, length: int) -> None:
+        """Buffers of at least ``length`` positions (twice the room), the cache so far copied in."""
+        room = self.buffers[0].shape[2]
+        if length <= room:
+            return
+        wider = []
+        for buffer in self.buffers:
+            shape = list(buffer.shape)
+            shape[2] = max(length, 2 * room)
+            grown = np.zeros(shape, buffer.dtype)
+            grown[:, :, :room] = buffer
+            wider.append(grown)
+        self.buffers = wider
+        self._bind_cache()
 
     def run(self, feeds: dict[str, np.ndarray], vocab: int) -> np.ndarray:
         """One step: ``feeds`` bound (the arrays are read in place), the logits written into a buffer of ours;
         returns the last position's."""
         shape = (*feeds[next(k for k in _TOKEN_FEEDS if k in feeds)].shape[:2], vocab)
+        mask = feeds.get("attention_mask")
+        self._grow(mask.shape[1] if mask is not None else 0)
         logits = self.logits.get(shape)
         if logits is None:
             logits = self.logits[shape] = np.empty(shape, np.float32)
@@ -439,6 +465,7 @@ class TextGenerationPipeline(ONNXPipeline):
         """The state before the first step (here: an empty past, or a shared buffer of ``room`` positions: the
         prompt and every new token); ``context`` is what generate() was given."""
         if self.cache is not None and self.cache.shared and self.vocab and room:
+            room = min(room, ids.shape[1] + _SharedCache.INITIAL_NEW)
             return _SharedCache(self.session, self.cache, len(ids), room)
         return self.cache.empty(len(ids)) if self.cache else None
 
