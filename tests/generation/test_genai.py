@@ -222,14 +222,21 @@ def test_quantize_drops_a_copied_config_the_graph_no_longer_fits(
 
 @pytest.mark.slow
 def test_an_optimized_export_names_its_deployed_graph(minilm_dir: Path, tmp_path: Path) -> None:
-    """``export --optimize O2`` deploys ``model_O2.onnx`` (fused attention): the config names it, and
-    onnxruntime-genai generates transformers' tokens with it."""
+    """``export --optimize O2`` deploys ``model_O2.onnx`` (its cache in ``GroupQueryAttention``): the config
+    names it with onnxruntime-genai's shared cache buffer on, and onnxruntime-genai generates transformers'
+    tokens with it, one prompt at a time and as a right-padded batch (the graph's positions follow the mask)."""
     src, out, result = export_causal_lm("llama", minilm_dir, tmp_path, optimize="O2")
     config = json.loads((out / GENAI_CONFIG_FILE).read_text())
     assert config["model"]["decoder"]["filename"] == "model_O2.onnx" == result.files["optimized_O2"]
-    for prompt in _prompts(out):
+    assert config["search"]["past_present_share_buffer"] is True
+    prompts = _prompts(out)
+    assert len({len(p) for p in prompts}) > 1  # the batch pads one row
+    batch = _genai_greedy(out, prompts, NEW)
+    for prompt, row in zip(prompts, batch, strict=True):
         (theirs,) = _genai_greedy(out, [prompt], NEW)
-        _assert_continues(out, theirs, _transformers_greedy(src, prompt, NEW), prompt)
+        reference = _transformers_greedy(src, prompt, NEW)
+        _assert_continues(out, theirs, reference, prompt)
+        _assert_continues(out, row, reference, prompt)
 
 
 @pytest.mark.slow

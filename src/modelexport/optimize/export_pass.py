@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from .._io import write_json
 from ..hierarchy.passes import PassStep
 from ..inference.feeds import SampleSet
+from ..metadata.genai import GENAI_CONFIG_FILE, retarget_genai_config
 from ..onnxfile import record_deployed_model, save_onnx, sidecar_path_for, variant_file
 from .carry import remap_sidecar
 from .config import OptimizeConfig, QuantizeConfig
@@ -128,6 +129,9 @@ def write_optimized(source: VariantSource, level: str, tolerance: float, *, depl
     name, side = _write(source, optimized, level, {"kind": "optimize", **cfg.record()})
     if deploy:
         record_deployed_model(source.folder, name)
+        genai = source.folder / GENAI_CONFIG_FILE  # written for the deployed graph: its cache may now be shared
+        if genai.is_file() and shares_cache_buffer(optimized):
+            retarget_genai_config(genai, optimized, name, shared_buffer=True)
     changes = op_changes(source.proto, optimized)
     fused = fusion_summary(steps)
     coverage = tag_coverage(optimized)["coverage_pct"]
