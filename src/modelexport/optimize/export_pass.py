@@ -129,7 +129,8 @@ def write_optimized(source: VariantSource, level: str, tolerance: float, *, depl
     name, side = _write(source, optimized, level, {"kind": "optimize", **cfg.record()})
     if deploy:
         record_deployed_model(source.folder, name)
-        genai = source.folder / GENAI_CONFIG_FILE  # written for the deployed graph: its cache may now be shared
+        # genai_config.json was written for the deployed graph, whose cache -O2 may have made shareable
+        genai = source.folder / GENAI_CONFIG_FILE
         if genai.is_file() and shares_cache_buffer(optimized):
             retarget_genai_config(genai, optimized, name, shared_buffer=True)
     changes = op_changes(source.proto, optimized)

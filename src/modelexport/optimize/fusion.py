@@ -245,7 +245,9 @@ def _outputs(session: InferenceSession, feeds: dict[str, Any]) -> list[Any]:
     new = feeds["input_ids"].shape[1]
     kept = mask[:, -new:].astype(bool)
     step = {**feeds, "input_ids": feeds["input_ids"][:, -1:]}
-    step[next(k for k in feeds if feeds[k] is mask)] = np.concatenate([mask, np.ones_like(mask[:, :1])], axis=1)
+    step[next(k for k in feeds if feeds[k] is mask)] = np.concatenate(
+        [mask, np.ones_like(mask[:, :1])], axis=1
+    )
     if "position_ids" in step:
         step["position_ids"] = (mask.sum(axis=1, keepdims=True)).astype(feeds["position_ids"].dtype)
     step.update(zip(pasts, (outputs[names.index(n)] for n in presents), strict=True))
