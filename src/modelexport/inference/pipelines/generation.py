@@ -456,14 +456,15 @@ class TextGenerationPipeline(ONNXPipeline):
         return run_bound(self.session, feeds, bound, self.cache.out_names, self.cache.device, logits)
 
     # --------------------------------------------------------------------- decoding steps (subclasses)
-    # The decoding state is each subclass's own (here the cache OrtValues, None without a cache; an
-    # encoder-decoder's holds its encoder states too): generate() only hands it from one step to the next, so
-    # these three hooks type it Any and each override names its own.
+    # The decoding state is each subclass's own (here the cache OrtValues or a _SharedCache, None without a
+    # cache; an encoder-decoder's holds its encoder states too): generate() only hands it from one step to the
+    # next, so these three hooks type it Any and each override names its own.
     def _begin(
         self, ids: np.ndarray, mask: np.ndarray, context: dict[str, np.ndarray] | None, room: int = 0
     ) -> Any:
-        """The state before the first step (here: an empty past, or a shared buffer of ``room`` positions: the
-        prompt and every new token); ``context`` is what generate() was given."""
+        """The state before the first step (here: an empty past, or, for a graph that writes into its past, a
+        shared buffer for the ``room`` positions the prompt and its new tokens take, at most
+        :attr:`_SharedCache.INITIAL_NEW` new ones up front); ``context`` is what generate() was given."""
         if self.cache is not None and self.cache.shared and self.vocab and room:
             room = min(room, ids.shape[1] + _SharedCache.INITIAL_NEW)
             return _SharedCache(self.session, self.cache, len(ids), room)
