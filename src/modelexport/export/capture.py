@@ -154,8 +154,9 @@ def _program_with_free_axes(
     it, a size baked in) raises :class:`FixedAxisError` after a second rather than after the whole export."""
     import torch
 
+    expired = [False]
     try:
-        with _cpu_time_limit(other.export_budget_s):
+        with _cpu_time_limit(other.export_budget_s, expired):
             program = torch.export.export(
                 model,
                 (),
@@ -164,11 +165,13 @@ def _program_with_free_axes(
                 strict=False,  # guards stay guards (torch.onnx defers them to asserts): fewer nodes to
                 # translate, and a guard on the size fails the check at the other size all the same
             )
-    except _OutOfTime as exc:
-        raise FixedAxisError(
-            f"torch.export took over {other.export_budget_s:.3g} CPU s with {other.axes} free"
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - any failure here means the axes cannot stay free
+    except (_OutOfTime, Exception) as exc:  # noqa: BLE001 - any failure here means the axes cannot stay free
+        if expired[0]:  # _OutOfTime, or the error of a C call it fired in (which wraps it in its own)
+            raise FixedAxisError(
+                f"torch.export took over {other.export_budget_s:.3g} CPU s with {other.axes} free"
+            ) from exc
+        if isinstance(exc, _OutOfTime):
+            raise
         raise FixedAxisError(f"torch.export cannot leave {other.axes} free: {first_line(exc)}") from exc
     module = program.module()
     problem = other.mismatch(
@@ -185,9 +188,10 @@ class _OutOfTime(BaseException):
 
 
 @contextlib.contextmanager
-def _cpu_time_limit(seconds: float | None) -> Iterator[None]:
+def _cpu_time_limit(seconds: float | None, expired: list[bool] | None = None) -> Iterator[None]:
     """Raise :class:`_OutOfTime` after ``seconds`` of the process's CPU time (a virtual timer: another
-    process's load does not count). Only in the main thread with SIGVTALRM unclaimed; elsewhere no limit."""
+    process's load does not count). Only in the main thread with SIGVTALRM unclaimed; elsewhere no limit.
+    ``expired[0]`` is set when it fires: a C function that was running then may raise its own error instead."""
     usable = (
         seconds is not None
         and hasattr(signal, "setitimer")
@@ -202,6 +206,8 @@ def _cpu_time_limit(seconds: float | None) -> Iterator[None]:
 
     def expire(signum: int, frame: FrameType | None) -> None:
         if armed[0]:  # a signal still pending when the block ended is ignored
+            if expired is not None:
+                expired[0] = True
             raise _OutOfTime
 
     previous = signal.signal(signal.SIGVTALRM, expire)
