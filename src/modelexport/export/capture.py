@@ -170,8 +170,6 @@ def _program_with_free_axes(
             raise FixedAxisError(
                 f"torch.export took over {other.export_budget_s:.3g} CPU s with {other.axes} free"
             ) from exc
-        if isinstance(exc, _OutOfTime):
-            raise
         raise FixedAxisError(f"torch.export cannot leave {other.axes} free: {first_line(exc)}") from exc
     module = program.module()
     problem = other.mismatch(

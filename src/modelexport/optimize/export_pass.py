@@ -127,12 +127,12 @@ def write_optimized(source: VariantSource, level: str, tolerance: float, *, depl
     cfg = OptimizeConfig.preset(level)
     optimized, steps, _ = optimize_with_record(source.proto, cfg)
     name, side = _write(source, optimized, level, {"kind": "optimize", **cfg.record()})
-    kept = None
+    kept, shared = None, shares_cache_buffer(optimized)
     if deploy:
         record_deployed_model(source.folder, name)
         # genai_config.json was written for the deployed graph, whose cache -O2 may have made shareable
         genai = source.folder / GENAI_CONFIG_FILE
-        if genai.is_file() and shares_cache_buffer(optimized):
+        if genai.is_file() and shared:
             kept = retarget_genai_config(genai, optimized, name, shared_buffer=True)
     changes = op_changes(source.proto, optimized)
     fused = fusion_summary(steps)
@@ -143,7 +143,7 @@ def write_optimized(source: VariantSource, level: str, tolerance: float, *, depl
     )
     record = {"file": name, "preset": level, "fused": fused, "op_changes": changes}
     notes = (note, f"{GENAI_CONFIG_FILE} keeps onnxruntime-genai's cache copies: {kept}") if kept else (note,)
-    rows = 1 if shares_cache_buffer(optimized) else None
+    rows = 1 if shared else None
     return GraphVariant(optimized, name, side, coverage, record, notes, parity_atol(cfg, tolerance), rows)
 
 

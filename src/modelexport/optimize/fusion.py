@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..hierarchy.graph import index_limits
 from ..hierarchy.tags import TAG_KEY, TAG_SOURCE_KEY
+from ..inference.pipelines.generation import position_ids
 from ..metadata.schema import CACHE_INPUT_PREFIX
 from ..runtime.session import create_session
 from .attention_heads import HEADS_RULE, attention_on_projections
@@ -216,7 +217,7 @@ def probe_feeds(
             value = np.ones(shape, dtype)
             value[1, ..., slice(0, PROBE_PAD) if left else slice(-PROBE_PAD, None)] = 0
         elif inp.name == "position_ids" and cached and len(shape) == 2 and mask is not None:
-            value = (np.where(mask == 0, 1, np.cumsum(mask, axis=-1) - 1)[:, -shape[1] :]).astype(dtype)
+            value = position_ids(mask)[:, -shape[1] :].astype(dtype)
         elif dtype.kind in "iu":
             value = rng.integers(0, min(PROBE_ID_RANGE, limits.get(inp.name, PROBE_ID_RANGE)), shape)
             value = value.astype(dtype)
@@ -245,11 +246,10 @@ def _outputs(session: InferenceSession, feeds: dict[str, Any]) -> list[Any]:
     new = feeds["input_ids"].shape[1]
     kept = mask[:, -new:].astype(bool)
     step = {**feeds, "input_ids": feeds["input_ids"][:, -1:]}
-    step[next(k for k in feeds if feeds[k] is mask)] = np.concatenate(
-        [mask, np.ones_like(mask[:, :1])], axis=1
-    )
+    grown = np.concatenate([mask, np.ones_like(mask[:, :1])], axis=1)
+    step[next(k for k in feeds if feeds[k] is mask)] = grown
     if "position_ids" in step:
-        step["position_ids"] = (mask.sum(axis=1, keepdims=True)).astype(feeds["position_ids"].dtype)
+        step["position_ids"] = position_ids(grown)[:, -1:].astype(feeds["position_ids"].dtype)
     step.update(zip(pasts, (outputs[names.index(n)] for n in presents), strict=True))
     return [outputs[0][kept], session.run(None, step)[0]]
 

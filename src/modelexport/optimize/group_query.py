@@ -190,6 +190,12 @@ def _shape_span(node: ir.Node) -> tuple[int, int | None]:
     return _int_attr(node, "start"), end.as_int() if end is not None else None
 
 
+def _beside_sequence(start: int, end: int | None) -> bool:
+    """Whether ``Shape(start, end)`` of a cache input leaves its sequence axis (2) out: a shared buffer is
+    longer there than the cache."""
+    return (end is not None and 0 <= start and end <= 2) or start >= 3
+
+
 def _cache_reads_ok(graph: ir.Graph, rewritten: set[int]) -> bool:
     """Whether every read of a cache input is one of the ``rewritten`` attentions or a ``Shape`` on one axis
     range that leaves the sequence axis alone or reads exactly it (a shared buffer is longer there)."""
@@ -202,8 +208,8 @@ def _cache_reads_ok(graph: ir.Graph, rewritten: set[int]) -> bool:
                 continue
             if node.op_type != "Shape":
                 return False
-            start, end = _shape_span(node)
-            if not (end is not None and end <= 2 and start >= 0) and (start, end) != (2, 3) and start < 3:
+            span = _shape_span(node)
+            if not _beside_sequence(*span) and span != (2, 3):  # (2, 3): read from the mask instead
                 return False
     return True
 
@@ -314,6 +320,6 @@ def shares_cache_buffer(model: onnx.ModelProto) -> bool:
             return False
         start = next((a.i for a in node.attribute if a.name == "start"), 0)
         end = next((a.i for a in node.attribute if a.name == "end"), None)
-        if not (end is not None and 0 <= start and end <= 2) and start < 3:
+        if not _beside_sequence(start, end):
             return False
     return any((n.domain, n.op_type) == _GQA for n in model.graph.node)
