@@ -153,6 +153,7 @@ def _models() -> dict[str, tuple[object, tuple[int, ...], dict[str, Any]]]:
     return {
         "digits": (DigitsCNN().eval(), (1, 8, 8), dropout),
         "pipeline": (CompactCNN(1, 10, (8, 8)).eval(), (1, 8, 8), dropout),
+        "pipeline-noisy": (CompactCNN(1, 10, (8, 8)).eval(), (1, 8, 8), dropout),
         "small": (SmallCNN(in_channels=3, num_classes=10).eval(), (3, 32, 32), dropout),
         "medium": (MediumCNN().eval(), (3, 64, 64), dropout),
     }
@@ -160,7 +161,8 @@ def _models() -> dict[str, tuple[object, tuple[int, ...], dict[str, Any]]]:
 
 def _cost_cases(tmp: Path, models: list[str]) -> dict[str, tuple[Path, np.ndarray]]:
     """name -> (model, the images it is streamed): the trained digits CNN and the image pipeline's own
-    network (trained on the digits folder, tests/testtime/pipeline_folder.py) on their clean test images --
+    network (trained on the digits folder, tests/testtime/pipeline_folder.py) on their clean test images
+    (``pipeline-noisy``: the same network on Gaussian noise 4, where the input denoising works) --
     a trained model's predictions spread over the classes; the untrained small and medium CNNs on random
     images, whose predictions collapse, so the lazy guard runs the source model now and then."""
     import modelexport
@@ -173,9 +175,9 @@ def _cost_cases(tmp: Path, models: list[str]) -> dict[str, tuple[Path, np.ndarra
         if name == "digits":
             path, sets, _ = _dataset("digits", False)
             cases[name] = (path, sets["clean"])
-        elif name == "pipeline":
+        elif name in ("pipeline", "pipeline-noisy"):  # noisy: the input denoising blurs most examples
             path, sets, _ = _dataset("pipeline-digits", False)
-            cases[name] = (path, sets["clean"])
+            cases[name] = (path, sets["clean" if name == "pipeline" else "gaussian_noise@4"])
         else:
             export = modelexport.export(
                 model, tmp / name, keep_batchnorm=True, input_shape=(1, *shape), **options
@@ -323,7 +325,9 @@ def main() -> int:
     parser.add_argument("--batches", default="1,32", help="cost: batch sizes to measure")
     parser.add_argument("--repeats", type=int, default=200, help="cost: batches per measurement")
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op and torch threads")
-    parser.add_argument("--models", default="digits,pipeline,small,medium", help="cost: the networks")
+    parser.add_argument(
+        "--models", default="digits,pipeline,pipeline-noisy,small,medium", help="cost: the networks"
+    )
     parser.add_argument(
         "--streams", action="store_true", help="the stream-robustness accuracy matrix instead"
     )

@@ -115,6 +115,21 @@ def test_policy_in_metadata_is_applied_by_modelexport_pipeline(run: Any) -> None
     assert np.mean([a == b for a, b in zip(labels, ours, strict=True)]) >= 0.95
 
 
+@pytest.mark.integration
+def test_image_package_records_its_sources_noise(run: Any) -> None:
+    """Both models carry the training images' noise ratio and the denoising strength calibrated on the
+    validation images (testtime/denoise.py), which the test-time engine reads."""
+    import modelexport
+    from modelexport.metadata.schema import KEY_INPUT_NOISE
+    from modelexport.testtime.denoise import STRENGTHS, InputNoise
+
+    records = [modelexport.read_metadata(p)[KEY_INPUT_NOISE] for p in (run.model_path, run.quantized_path)]
+    assert records[0] == records[1] == run.details["input_noise"]
+    record = InputNoise.from_dict(records[0])
+    assert 0.1 < record.floor < 0.35  # clean digits: most read 0 (flat borders), rings and loops up to 0.22
+    assert record.strength in STRENGTHS and record.examples == min(256, len(run.train))
+
+
 @pytest.mark.smoke
 @pytest.mark.integration
 def test_cli_onnx_path_static_quantization_fixed_policy(

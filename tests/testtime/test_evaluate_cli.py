@@ -127,6 +127,7 @@ def test_evaluate_table_and_mc_dropout(digits_export: Any, digits_npz: Path, cap
         (["--seed", "-1"], "seed must be an integer in [0, 4,294,967,295], got -1"),
         (["--seed", str(2**64)], f"got {2**64}"),
         (["--ttt", "bn", "--order", "dirichlet:inf"], "dirichlet alpha must be a finite number"),
+        (["--ttt", "bn", "--denoise", "nan"], "denoise must be a finite number >= 0"),
     ],
 )
 def test_bad_options_give_one_line_and_exit_1(

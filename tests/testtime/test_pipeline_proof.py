@@ -4,8 +4,8 @@ The image pipeline trains on a PNG folder of digits with seed 1 (the design was 
 test folders are corrupted in pixel space and read through the package's processor, class by class as a folder
 is read (tests/testtime/pipeline_folder.py). ``--ttt bn`` with its defaults, against plain inference, in batches
 of 40 and 1, streamed as read and class-sorted. Met and pinned as measured (docs/benchmarks.md, final round):
-contrast and the issue's noise 2 + contrast 2 recover 86-92%; Gaussian noise 4 recovers only 17-22% (exact BN
-on i.i.d. batches: 45%). Clean class-ordered streams stay within 0.67 points of plain (4 of 597 digits) with the
+contrast and the issue's noise 2 + contrast 2 recover 86-92%; Gaussian noise 4 recovers 45-50% with the input
+denoising the package records (17-22% without it; exact BN on i.i.d. batches: 45%). Clean class-ordered streams stay within 0.67 points of plain (4 of 597 digits) with the
 stem's shift gate and the class count by support (1.01 with the gate alone), and lose up to 2 points without
 the gate (``shift_gate=0``), because this network's stem variances tell classes apart. The whole table:
 ``python benchmarks/test_time.py --streams --grid final``.
@@ -23,8 +23,9 @@ from tests.testtime.pipeline_folder import FolderModel, pipeline_model
 from tests.testtime.robustness import COMBINED, matrix, recovery
 
 SETS = ("contrast@4", COMBINED, "gaussian_noise@4")
-#: Recovery at least (batch 40, batch 1); noise is the measured miss (22% / 17%), pinned below it.
-FLOOR = {"contrast@4": (0.5, 0.3), COMBINED: (0.5, 0.3), "gaussian_noise@4": (0.1, 0.1)}
+#: Recovery at least (batch 40, batch 1); noise 4 measured 45-47% / 49-50% (22% / 17% before the input
+#: denoising): the 50% target missed at batch 40, pinned below what was measured.
+FLOOR = {"contrast@4": (0.5, 0.3), COMBINED: (0.5, 0.3), "gaussian_noise@4": (0.4, 0.4)}
 #: The clean class-ordered streams' measured loss (up to 0.67 points, 4 digits), pinned below the 1.01 points
 #: (6 digits) of the gate alone.
 CLEAN_GAP = -0.009

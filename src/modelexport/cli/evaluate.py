@@ -123,6 +123,13 @@ def _table(result: EvaluationResult) -> str:
     "source's (nats a channel; fully from twice it; 0: always); their means always follow.",
 )
 @click.option(
+    "--denoise",
+    type=click.FloatRange(0, None),
+    default=None,
+    help="--ttt: image inputs move toward their blur by this times their noise ratio above the source's, which "
+    "the model must record (the image pipeline does). Default: the strength the record calibrated; 0: off.",
+)
+@click.option(
     "--bn-prior",
     type=float,
     default=0.0,
@@ -224,6 +231,7 @@ def evaluate_cmd(
     stem_prior: float,
     deep_prior: float,
     shift_gate: float,
+    denoise: float | None,
     bn_prior: float,
     order: str,
     stream: bool,
@@ -263,6 +271,7 @@ def evaluate_cmd(
         stem_prior=stem_prior,
         deep_prior=deep_prior,
         shift_gate=shift_gate,
+        denoise=denoise,
         bn_prior=bn_prior,
         episodic=not stream,
         reset_every=reset_every,

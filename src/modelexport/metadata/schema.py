@@ -35,6 +35,7 @@ __all__ = [
     "KEY_OUTPUTS",
     "KEY_QUANTIZATION",
     "KEY_TEST_TIME_POLICY",
+    "KEY_INPUT_NOISE",
     "KEY_TEST_TIME_ENSEMBLE",
     "KEY_GENERATION",
     "CACHE_INPUT_PREFIX",
@@ -77,6 +78,10 @@ KEY_GENERATION = "modelexport.generation"
 CACHE_INPUT_PREFIX = "past_key_values."
 #: Sentence-embedding graphs (a sentence-transformers folder): pooling, normalize, the output to return.
 KEY_EMBEDDING = "modelexport.embedding"
+#: The source images' noise (``testtime/denoise.py``: ``{"floor", "strength", "examples", "estimator"}``): the
+#: image pipeline measures the floor on its training images and calibrates the strength on its validation
+#: images; test-time adaptation denoises only models that carry it.
+KEY_INPUT_NOISE = "modelexport.input_noise"
 KEY_ENCODING = "modelexport.metadata_encoding"
 KEY_CHECKSUM = "modelexport.metadata_checksum"
 _RESERVED = (KEY_ENCODING, KEY_CHECKSUM)
@@ -94,6 +99,7 @@ VALUE_CHECKS: dict[str, Callable[[Any, str], None]] = {
     KEY_QUANTIZATION: fields.json_object,
     KEY_EXPORT_CONFIG: fields.json_object,
     KEY_EMBEDDING: fields.json_object,
+    KEY_INPUT_NOISE: fields.json_object,
     KEY_LIBRARIES: fields.versions,
 }
 

@@ -7,13 +7,14 @@ their parameters are listed in ``SEVERITIES`` so reports can state exactly what 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 import numpy as np
 
 from .._registry import Registry
 from ..errors import TestTimeError
 
-__all__ = ["CORRUPTIONS", "SEVERITIES", "corrupt", "gaussian_blur"]
+__all__ = ["CORRUPTIONS", "SEVERITIES", "corrupt", "filter_matrix", "gaussian_blur", "gaussian_kernel"]
 
 CorruptFn = Callable[[np.ndarray, float, np.random.Generator], np.ndarray]
 
@@ -55,17 +56,36 @@ def _contrast(x: np.ndarray, factor: float, rng: np.random.Generator) -> np.ndar
     return (x - mean) * factor + mean
 
 
-def gaussian_blur(x: np.ndarray, sigma: float) -> np.ndarray:
-    """Separable Gaussian blur of the last two axes (reflect padding, radius 3 sigma)."""
+def gaussian_kernel(sigma: float) -> tuple[float, ...]:
+    """The normalised 1-D Gaussian of ``sigma`` pixels, radius 3 sigma (at least 1)."""
     radius = max(1, int(np.ceil(3 * sigma)))
     t = np.arange(-radius, radius + 1)
     k = np.exp(-(t**2) / (2 * sigma**2))
-    k /= k.sum()
-    pad = [(0, 0)] * (x.ndim - 2) + [(radius, radius), (radius, radius)]
-    p = np.pad(x, pad, mode="reflect")
+    return tuple((k / k.sum()).tolist())
+
+
+@lru_cache(maxsize=64)
+def filter_matrix(n: int, kernel: tuple[float, ...], mode: str) -> np.ndarray:
+    """(n, n) float32 matrix that correlates a length-``n`` axis with ``kernel`` (odd length), the axis padded
+    by ``np.pad``'s ``mode``: a separable 2-D filter of images ``x`` (..., H, W) is ``A @ x @ B.T``, two
+    matrix products where shifted sums cost a numpy call per tap (a batch of one 8x8 digit: 90 -> 20 us)."""
+    radius = len(kernel) // 2
+    source = np.pad(np.arange(n), radius, mode=mode)  # padded position -> the position it copies
+    out = np.zeros((n, n), np.float64)
+    for t, weight in enumerate(kernel):
+        np.add.at(out, (np.arange(n), source[t : t + n]), weight)
+    return out.astype(np.float32)
+
+
+def gaussian_blur(x: np.ndarray, sigma: float) -> np.ndarray:
+    """Separable Gaussian blur of the last two axes (reflect padding, radius 3 sigma), float32."""
     h, w = x.shape[-2:]
-    rows = sum(k[i] * p[..., i : i + h, :] for i in range(len(k)))
-    return sum(k[i] * rows[..., i : i + w] for i in range(len(k)))
+    kernel = gaussian_kernel(sigma)
+    return (
+        filter_matrix(h, kernel, "reflect")
+        @ x.astype(np.float32, copy=False)
+        @ filter_matrix(w, kernel, "reflect").T
+    )
 
 
 @CORRUPTIONS.register("blur")

@@ -1,7 +1,8 @@
 """``TestTimeEngine``: one entry point that spends test-time compute on an ONNX model.
 
 ``TestTimeEngine(model, policy, providers).predict(feeds, stream) -> probabilities (N, C)``. Per call, in
-order: adapt BN statistics or run Tent on the batch (``policy.ttt``), run the TTA views (batched when the
+order: denoise image inputs where the model records its source's noise (``denoise.py``), adapt BN statistics
+or run Tent on the batch (``policy.ttt``), run the TTA views (batched when the
 batch axis is dynamic) with MC-dropout passes inside each view, and aggregate. Sessions are built once and
 never modified: an adaptation lives in a :class:`Stream` the caller holds (``engine.new_stream()``; one per
 client, the engine keeps none), so concurrent callers are isolated. A call without a stream starts from the
@@ -24,10 +25,13 @@ import onnx
 
 from .._numeric import softmax
 from ..errors import InferenceError, TestTimeError
+from ..metadata import read_metadata
+from ..metadata.schema import KEY_INPUT_NOISE
 from ..runtime.session import SessionConfig, SessionInfo, create_session
 from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
 from .augment import make_views
+from .denoise import InputNoise, denoise, measurable
 from .graph import ModelLike, load_model, mixed_statistics
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .memory import StatisticsMemory, StatisticsPrior
@@ -110,6 +114,7 @@ class TestTimeEngine:
         self.output_name = output_name or source.graph.output[0].name
         self.dynamic_batch = self._batch_is_dynamic(self.input_name)
         self.modality = self._modality()
+        self._noise = self._input_noise(source)
         self._prior: StatisticsPrior | None = None
         self._tail: Tail | None = None
         if self.adapter is not None and self.policy.statistics == "memory":
@@ -144,6 +149,19 @@ class TestTimeEngine:
         if vi.type.tensor_type.elem_type in (6, 7):  # int32/int64: token ids, augment text before tokenizing
             return "text"
         return "image" if rank == 4 else "tensor"
+
+    def _input_noise(self, model: onnx.ModelProto) -> tuple[float, float] | None:
+        """(floor, strength) where this engine denoises: an adapting method on image inputs of a model that
+        carries its source's noise record (``denoise.py``), at a strength above 0 (the policy's, else the
+        record's)."""
+        if self.adapter is None or self.policy.denoise == 0 or self.modality != "image":
+            return None
+        record = read_metadata(model).get(KEY_INPUT_NOISE)
+        if not isinstance(record, dict):
+            return None
+        noise = InputNoise.from_dict(record)
+        strength = noise.strength if self.policy.denoise is None else self.policy.denoise
+        return (noise.floor, strength) if strength > 0 else None
 
     def new_stream(self) -> Stream:
         """A fresh adaptation stream: one per client of a continual policy (the default), passed to every call."""
@@ -276,8 +294,18 @@ class TestTimeEngine:
             logits = np.stack([t.invert(y, i) for y, t, i in zip(logits, owners, index, strict=True)])
         return logits, len(views), batched
 
+    def _denoised(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``feeds`` with the image input denoised (``denoise.py``) where the engine has the source's record."""
+        noise, x = self._noise, feeds[self.input_name]
+        if noise is None or not measurable(x.shape) or not np.issubdtype(x.dtype, np.floating):
+            return feeds
+        out = denoise(x, *noise)
+        return feeds if out is x else {**feeds, self.input_name: out}
+
     def run(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> TestTimeResult:
-        """Predict one batch with the policy; returns probabilities and what was spent."""
+        """Predict one batch with the policy; returns probabilities and what was spent. The adapted model
+        sees the inputs denoised (where the engine denoises); the source model, served by the guards, sees
+        them as given."""
         missing = [name for name in self._input_names if name not in feeds]
         if missing:
             raise InferenceError(f"missing model inputs {missing}; the model takes {self._input_names}")
@@ -285,18 +313,19 @@ class TestTimeEngine:
             raise InferenceError("empty batch: no examples to predict", hint="give at least one example")
         stream = stream if stream is not None else Stream()  # no stream: nothing is carried over
         p = self.policy
+        seen = self._denoised(feeds)
         if self._prior is not None:
-            return self._correct(stream, self._run_memory(feeds, stream))
+            return self._correct(stream, self._run_memory(seen, stream, feeds))
         if self.adapter is not None and p.batch_statistics and p.label_shift_alpha:
             if len(feeds[self.input_name]) < MIN_BATCH:  # too few examples for their own statistics
                 return self._correct(stream, self._fallback(feeds, stream, "small batch"))
         if p.episodic:  # nothing shared: concurrent calls adapt independently
-            before, state = None, self._adapt(feeds, stream)
+            before, state = None, self._adapt(seen, stream)
         else:
             with stream.lock:
                 before = stream.state
-                state = self._adapt(feeds, stream)
-        return self._correct(stream, self._guard(feeds, stream, self._predict(feeds, state), before))
+                state = self._adapt(seen, stream)
+        return self._correct(stream, self._guard(feeds, stream, self._predict(seen, state), before))
 
     # ---------------------------------------------------------------------------------- memory statistics
 
@@ -342,9 +371,12 @@ class TestTimeEngine:
         stream.statistics = (clock, n, stream.state, state)
         return state
 
-    def _run_memory(self, feeds: dict[str, np.ndarray], stream: Stream) -> TestTimeResult:
+    def _run_memory(
+        self, feeds: dict[str, np.ndarray], stream: Stream, source_feeds: dict[str, np.ndarray]
+    ) -> TestTimeResult:
         """One batch with the memory statistics: one pass predicts and reports every example's statistics
-        (a gradient method's step and a second pass in between); the stream's memory then takes them."""
+        (a gradient method's step and a second pass in between); the stream's memory then takes them.
+        ``source_feeds``: the batch as given, for the collapse guard's source model."""
         adapter, p = self.adapter, self.policy
         assert adapter is not None
         n = len(feeds[self.input_name])
@@ -369,7 +401,7 @@ class TestTimeEngine:
             result = self._predict(feeds, state, adapted=True)
         else:
             result = TestTimeResult(softmax(logits, 1 if logits.ndim == 4 else -1), adapted=True)
-        return self._judge(feeds, stream, result) if suspect else result
+        return self._judge(source_feeds, stream, result) if suspect else result
 
     def _adapted_pass(
         self, feeds: dict[str, np.ndarray], state: BNState, stream: Stream
@@ -472,7 +504,8 @@ class TestTimeEngine:
     def adapted_model(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> onnx.ModelProto:
         """A copy of the model with the adaptation of this batch written into its initializers (to save or
         ship): run plainly it predicts the batch as :meth:`run` would on ``stream`` (default: a fresh one,
-        which is not changed)."""
+        which is not changed). Input denoising is not part of a graph: the statistics are those of the
+        batch as given, and the copy takes inputs as they are."""
         adapter = self.adapter
         if adapter is None:
             raise TestTimeError("the policy adapts nothing (ttt=none); use ttt='bn' or 'tent'")

@@ -62,6 +62,7 @@ _NUMBER_FIELDS: dict[str, type | tuple[type, ...]] = {
     "stem_prior": (int, float),
     "deep_prior": (int, float),
     "shift_gate": (int, float),
+    "denoise": (int, float),
     "step_layers": int,
 }
 
@@ -113,6 +114,10 @@ class TestTimePolicy:
     #: this (nats a channel: the variance part of the KL divergence; fully from twice it); their means always
     #: follow. A clean stream keeps the source's stem variances (0: no gate).
     shift_gate: float = 0.1
+    #: Adapting methods on image inputs of a model that records its source's noise (``modelexport.input_noise``,
+    #: written by the image pipeline): each example moves toward its blur by this times its noise ratio above
+    #: the source's, at most all the way (``denoise.py``). None: the strength the record calibrated; 0: off.
+    denoise: float | None = None
     #: batch statistics: passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
     #: Tent / sar: gradient steps per batch (None: 1, as in the paper).
     ttt_iterations: int | None = None
@@ -189,6 +194,11 @@ class TestTimePolicy:
             ("label_shift_alpha", 0.0 <= self.label_shift_alpha < 0.5, "in [0, 0.5) (0: off)"),
             ("reliable_entropy", 0.0 < self.reliable_entropy <= 1.0, "in (0, 1] (a fraction of log C)"),
             ("learning_rate", 0.0 < self.learning_rate < math.inf, "a finite number > 0"),
+            (
+                "denoise",
+                self.denoise is None or 0.0 <= self.denoise < math.inf,
+                "a finite number >= 0 (0: off; None: the model's calibrated strength)",
+            ),
             (
                 "step_layers",
                 0 <= self.step_layers <= MAX_PASSES,

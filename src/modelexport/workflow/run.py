@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from rich.console import Console
 
 from .._io import write_json
@@ -21,10 +22,11 @@ from ..data import Dataset
 from ..inference.feeds import SampleSet, dataset_samples
 from ..inference.processors import ONNXAutoProcessor
 from ..metadata import write_metadata
-from ..metadata.schema import KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
+from ..metadata.schema import KEY_INPUT_NOISE, KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
 from ..onnxfile import record_deployed_model, staged_output
 from ..optimize.quantization import quantize
-from ..runtime.session import available_providers, fallback_said_once, resolve_providers
+from ..runtime.session import available_providers, create_session, fallback_said_once, resolve_providers
+from ..testtime.denoise import calibrate, measurable
 from ..testtime.policy import TestTimePolicy
 from ..train.networks import NETWORKS, Network, build_network
 from ..train.policy_search import (
@@ -58,6 +60,12 @@ __all__ = ["PipelineRun", "run_pipeline"]
 
 log = logging.getLogger(__name__)
 POLICY_KEY = KEY_TEST_TIME_POLICY
+#: Examples of each split the source's input noise record is measured and calibrated on (a median and an
+#: accuracy: a few hundred settle them), fewer for large images: at most NOISE_VALUES input values, at least
+#: NOISE_MIN examples (calibration runs the model on 24 noisy copies: testtime/denoise.py).
+NOISE_EXAMPLES = 256
+NOISE_VALUES = 2**22
+NOISE_MIN = 32
 STAGES = ("data", "train", "export", "quantize", "test-time policy", "inference", "report")
 
 
@@ -100,6 +108,7 @@ class PipelineRun:
             export_result = self._export(program.network, staging)
             fp32 = staging / cfg.model_file.name
             deployed, quant = self._quantize(program, fp32, staging, train, val)
+            self._record_input_noise(fp32, deployed, train, val)
             test_time = self._policy(program, deployed, fp32, val)
             inference = self._inference(program, val)
             report = self._report(program, export_result, fp32, quant, test_time, inference)
@@ -274,8 +283,41 @@ class PipelineRun:
         }
 
     def _calibration(self, fp32: Path, train: Dataset, limit: int = 100) -> SampleSet:
-        """Training examples through the exported model's own processor (the path `quantize` uses)."""
+        """Examples of ``train`` (or another split) through the exported model's own processor (the path
+        `quantize` uses)."""
         return dataset_samples(train, ONNXAutoProcessor.sources(fp32), limit, seed=self.cfg.seed)
+
+    def _record_input_noise(self, fp32: Path, deployed: Path, train: Dataset, val: Dataset) -> None:
+        """Image models: the training images' noise ratio and the denoising strength calibrated on the
+        validation images (testtime/denoise.py) into both models (``modelexport.input_noise``), before the
+        policy is chosen, so that test-time adaptation denoises against them."""
+        if train.kind != "image":
+            return
+        images = [self._images(fp32, data) for data in (train, val)]
+        (x_train, _), (x_val, y_val) = images
+        if x_train is None or x_val is None or y_val is None:
+            return
+        session, _ = create_session(deployed, providers=("CPUExecutionProvider",))
+        name, output = session.get_inputs()[0].name, session.get_outputs()[0].name
+
+        def predict(x: np.ndarray) -> np.ndarray:
+            return session.run([output], {name: x})[0].argmax(-1)
+
+        record = calibrate(x_train, x_val, y_val, predict, seed=self.cfg.seed)
+        for path in {deployed, fp32}:
+            write_metadata(path, {KEY_INPUT_NOISE: record.to_dict()})
+        self.details["input_noise"] = record.to_dict()
+
+    def _images(self, fp32: Path, data: Dataset) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Up to ``NOISE_EXAMPLES`` of ``data`` (fewer past ``NOISE_VALUES``) as the model's image input
+        (N, C, H, W) and their labels; (None, None) for a model whose one input is not such an image."""
+        samples = self._calibration(fp32, data, limit=NOISE_EXAMPLES)
+        arrays = [next(iter(f.values())) for f in samples.feeds if len(f) == 1]
+        if len(arrays) != len(samples.feeds) or not arrays or not measurable(arrays[0].shape):
+            return None, None
+        keep = min(len(arrays), max(NOISE_MIN, NOISE_VALUES // arrays[0].size))
+        labels = None if samples.labels is None else np.asarray(samples.labels[:keep])
+        return np.concatenate(arrays[:keep]).astype(np.float32, copy=False), labels
 
     def _policy(self, program: ClassifierProgram, deployed: Path, fp32: Path, val: Dataset) -> dict[str, Any]:
         cfg = self.cfg

@@ -1,0 +1,166 @@
+"""Input denoising for test-time adaptation: BN statistics cannot take noise out of an image, a filter can.
+
+Normalisation statistics re-scale a noisy stem's features; they cannot remove the noise itself. On the image
+pipeline's digits network, even exact BN statistics of i.i.d. batches recover 45% of the accuracy Gaussian noise
+(severity 4) costs, a class-ordered stream 22%; the same statistics on inputs blurred by 0.5-0.6 pixel recover
+51-57% (issue 25). So each example is first denoised by as much as its own noise calls for:
+
+* **How noisy** (:func:`noise_ratio`): the noise's standard deviation, estimated from the low tail of the
+  image's response to Immerkær's mask (the difference of two Laplacians, blind to locally planar image
+  structure; J. Immerkær, "Fast noise variance estimation", 1996): the 10% quantile of its absolute value
+  reads the flattest tenth of the image, where only noise answers; divided by the image's standard deviation,
+  so that the ratio is blind to the model's normalisation and to a contrast change. One example, one channel:
+  a class-sorted stream or a batch of one is measured like any other.
+* **Against what** (:class:`InputNoise`): the level nine in ten of the source's training images stay under
+  (``FLOOR_QUANTILE``; clean digits read 0.22 there, their rings and loops answer the mask too, blurred ones
+  0.05-0.14, noisy ones 0.19-0.68), recorded by the image pipeline in its package (``modelexport.input_noise``).
+  A model without the record is not denoised: textured photographs answer the mask without any noise, and
+  only the source can say how much. Below the floor nothing moves, so clean and blurred images are left as
+  they are (a floor at the median moved blurred digits and cost a network up to 0.7 points on them).
+* **How much**: the example moves toward its Gaussian blur (``BLUR_SIGMA`` pixels) by
+  ``min(1, strength * (ratio**2 - floor**2))``, the share of its variance that is noise above the source's,
+  as a Wiener filter weighs noise against signal. Whether a blur helps is the network's own property: the
+  image pipeline's networks, trained on resampled (jittered) images, gain from it, while a CNN trained on
+  crisp digits lost 6 points of noisy accuracy with it (``tests/testtime/test_denoise.py``). So the strength
+  is :func:`calibrate`-d on the source's held-out images with Gaussian noise added (``LEVELS``): the mildest
+  of ``STRENGTHS`` within ``TOLERANCE`` of the best accuracy, 0 (off) where no blur helps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import TestTimeError
+from .corruptions import filter_matrix, gaussian_blur
+
+__all__ = [
+    "BLUR_SIGMA",
+    "FLOOR_QUANTILE",
+    "LEVELS",
+    "QUANTILE",
+    "STRENGTHS",
+    "TOLERANCE",
+    "InputNoise",
+    "calibrate",
+    "denoise",
+    "measurable",
+    "noise_ratio",
+]
+
+#: Share of an image's positions whose mask response is read: the flattest tenth.
+QUANTILE = 0.1
+#: The mask's response to unit white noise has standard deviation 6 (its weights' norm); the QUANTILE-th
+#: quantile of a half-normal is Phi^-1((1 + QUANTILE) / 2) of it.
+_HALF_NORMAL_Q10 = 0.12566134685507402
+_SECOND_DIFFERENCE = (1.0, -2.0, 1.0)
+#: The blur an example moves toward, in pixels (the oracle's best on the tuning network: 0.5-0.6).
+BLUR_SIGMA = 0.6
+#: Fewest pixels per side an image needs to be measured.
+MIN_SIDE = 3
+#: The share of the source's images whose noise ratio the floor lies above.
+FLOOR_QUANTILE = 0.9
+#: Calibration: the strengths tried, and the Gaussian noise added to the source's images (standard deviation
+#: as a share of each image's own, clipped to the inputs' range as pixels clip), clean included.
+STRENGTHS = (0.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+LEVELS = (0.0, 0.25, 0.5, 1.0)
+#: The mildest strength whose mean accuracy over LEVELS is within this of the best is chosen.
+TOLERANCE = 0.005
+
+
+def noise_ratio(x: np.ndarray) -> np.ndarray:
+    """(N, C) noise standard deviation over image standard deviation of each example's channel of ``x``
+    (N, C, H, W): the QUANTILE-th quantile of Immerkær's mask response (edges replicated), scaled to a
+    standard deviation for Gaussian noise. A constant channel has ratio 0."""
+    n, c, h, w = x.shape
+    x = x.astype(np.float32, copy=False)
+    # the mask is separable: the second difference [1, -2, 1] down the rows and across the columns
+    response = (
+        filter_matrix(h, _SECOND_DIFFERENCE, "edge") @ x @ filter_matrix(w, _SECOND_DIFFERENCE, "edge").T
+    )
+    k = int(QUANTILE * h * w)
+    sigma = np.partition(np.abs(response).reshape(n, c, h * w), k, axis=-1)[..., k] / (6 * _HALF_NORMAL_Q10)
+    spread = x.reshape(n, c, h * w).std(axis=-1)
+    return np.divide(sigma, spread, out=np.zeros_like(sigma), where=spread > 0)
+
+
+@dataclass(frozen=True)
+class InputNoise:
+    """A package's ``modelexport.input_noise``: the source data's noise ratio (the ``FLOOR_QUANTILE`` of
+    :func:`noise_ratio` over ``examples`` of its images) and the strength :func:`calibrate` chose."""
+
+    floor: float
+    strength: float
+    examples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "floor": self.floor,
+            "strength": self.strength,
+            "examples": self.examples,
+            "estimator": "immerkaer-q10/std",
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InputNoise:
+        """The record as ``to_dict`` wrote it; a malformed one is refused with the way around it."""
+        try:
+            record = cls(float(data["floor"]), float(data["strength"]), int(data.get("examples", 0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TestTimeError(
+                f"the model's modelexport.input_noise record is malformed ({type(exc).__name__}: {exc})",
+                hint="re-run the pipeline that wrote it, or turn input denoising off (--denoise 0)",
+            ) from exc
+        if not (0 <= record.floor < math.inf and 0 <= record.strength < math.inf):
+            raise TestTimeError(
+                f"the model's modelexport.input_noise record is out of range: {data}",
+                hint="re-run the pipeline that wrote it, or turn input denoising off (--denoise 0)",
+            )
+        return record
+
+
+def calibrate(
+    train: np.ndarray,
+    held_out: np.ndarray,
+    labels: np.ndarray,
+    predict: Callable[[np.ndarray], np.ndarray],
+    seed: int = 0,
+) -> InputNoise:
+    """The record of a source: the floor measured on ``train`` images (N, C, H, W), the strength chosen on
+    ``held_out`` images and their ``labels`` with Gaussian noise of each of ``LEVELS`` added, through
+    ``predict`` (images -> class ids: the model as deployed)."""
+    floor = float(np.quantile(noise_ratio(train), FLOOR_QUANTILE))
+    rng = np.random.default_rng(seed)
+    low, high = held_out.min(axis=(0, 2, 3), keepdims=True), held_out.max(axis=(0, 2, 3), keepdims=True)
+    spread = held_out.std(axis=(1, 2, 3), keepdims=True)
+    noisy = [
+        np.clip(held_out + level * spread * rng.standard_normal(held_out.shape), low, high).astype(np.float32)
+        for level in LEVELS
+    ]
+    accuracy = [
+        float(np.mean([np.mean(predict(denoise(x, floor, strength)) == labels) for x in noisy]))
+        for strength in STRENGTHS
+    ]
+    best = max(accuracy)
+    strength = next(s for s, a in zip(STRENGTHS, accuracy, strict=True) if a >= best - TOLERANCE)
+    return InputNoise(floor, strength, len(train))
+
+
+def measurable(shape: tuple[int, ...]) -> bool:
+    """Whether inputs of ``shape`` are images :func:`noise_ratio` can read (N, C, H, W with H, W >= 3)."""
+    return len(shape) == 4 and min(shape[-2:]) >= MIN_SIDE
+
+
+def denoise(x: np.ndarray, floor: float, strength: float) -> np.ndarray:
+    """``x`` (N, C, H, W) with each example's channel moved toward its blur by ``strength`` times its squared
+    noise ratio above ``floor``'s square (at most all the way); ``x`` itself when no example is noisier than
+    the floor."""
+    weight = np.clip(strength * (noise_ratio(x) ** 2 - floor**2), 0.0, 1.0)
+    if not weight.any():
+        return x
+    # every example through the blur (two matrix products): a weight of 0 leaves an example exactly as it was
+    return (x + weight[:, :, None, None] * (gaussian_blur(x, BLUR_SIGMA) - x)).astype(x.dtype, copy=False)

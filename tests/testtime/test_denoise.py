@@ -1,0 +1,156 @@
+"""Input denoising before adaptation (testtime/denoise.py): the noise estimate, the filter, and the engine using
+them only for a model that records its source's noise (issue 25)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from modelexport.errors import TestTimeError
+from modelexport.metadata import read_metadata, write_metadata
+from modelexport.metadata.schema import KEY_INPUT_NOISE
+from modelexport.testtime import InputNoise, TestTimeEngine, TestTimePolicy, denoise, noise_ratio
+from modelexport.testtime.corruptions import corrupt, gaussian_blur
+from modelexport.testtime.denoise import BLUR_SIGMA, calibrate
+
+
+def _step_image(sigma: float, seed: int = 0) -> tuple[np.ndarray, float]:
+    """A 32x32 step edge (0 | 1) plus Gaussian noise of ``sigma``, and the true noise-over-spread ratio."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((1, 1, 32, 32), np.float32)
+    x[..., 16:] = 1.0
+    noisy = x + rng.normal(0.0, sigma, x.shape).astype(np.float32)
+    return noisy, sigma / float(noisy.std())
+
+
+@pytest.mark.smoke
+@pytest.mark.parametrize("sigma", [0.05, 0.1, 0.3])
+def test_the_noise_ratio_reads_gaussian_noise_beside_an_edge(sigma: float) -> None:
+    x, truth = _step_image(sigma)
+    assert noise_ratio(x)[0, 0] == pytest.approx(truth, rel=0.15)
+
+
+@pytest.mark.smoke
+def test_the_noise_ratio_is_blind_to_normalisation_and_contrast_and_zero_on_flat_images() -> None:
+    x, _ = _step_image(0.1)
+    np.testing.assert_allclose(noise_ratio(3.0 * x - 0.5), noise_ratio(x), rtol=1e-4)
+    clean, _ = _step_image(0.0)
+    assert noise_ratio(clean)[0, 0] == 0.0
+    assert noise_ratio(np.ones((2, 3, 8, 8), np.float32)).tolist() == [[0.0] * 3] * 2  # constant: no spread
+
+
+@pytest.mark.smoke
+def test_denoise_moves_each_example_by_its_own_noise() -> None:
+    clean, _ = _step_image(0.0)
+    noisy, _ = _step_image(0.3, seed=1)
+    x = np.concatenate([clean, noisy])
+    assert denoise(clean, 0.0, 3.0) is clean  # nothing above the floor: the batch as given
+    out = denoise(x, 0.0, 100.0)  # all the way for the noisy example, untouched the clean one
+    np.testing.assert_array_equal(out[0], clean[0])
+    np.testing.assert_allclose(out[1], gaussian_blur(noisy, BLUR_SIGMA)[0], rtol=1e-5, atol=1e-6)
+    assert denoise(x, float(noise_ratio(noisy)[0, 0]), 100.0) is x  # the floor at its level: no move
+    np.testing.assert_array_equal(denoise(x, 0.0, 0.0), x)
+
+
+@pytest.mark.must
+def test_the_strength_is_checked() -> None:
+    with pytest.raises(TestTimeError, match="denoise"):
+        TestTimePolicy(ttt="bn", denoise=-1.0)
+    with pytest.raises(TestTimeError, match="denoise"):
+        TestTimePolicy(ttt="bn", denoise=float("nan"))
+
+
+def _recorded(export: Any, data: Any, folder: Path) -> tuple[Path, InputNoise]:
+    """``export``'s model with its source's noise record, calibrated as the image pipeline does it (held-out
+    images: the first 256 test images; the streams below run on the others)."""
+    path = folder / "model.onnx"
+    shutil.copy(export.onnx_path, path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    record = calibrate(
+        data.x_train,
+        data.x_test[:HELD],
+        data.y_test[:HELD],
+        lambda x: session.run(None, {name: x})[0].argmax(-1),
+    )
+    write_metadata(path, {KEY_INPUT_NOISE: record.to_dict()})
+    return path, record
+
+
+def _accuracy(path: Path, policy: TestTimePolicy, x: np.ndarray, y: np.ndarray, batch: int = 64) -> float:
+    engine = TestTimeEngine(path, policy)
+    stream = engine.new_stream()
+    preds = np.concatenate(
+        [
+            engine.predict({engine.input_name: x[i : i + batch]}, stream).argmax(1)
+            for i in range(0, len(x), batch)
+        ]
+    )
+    return float((preds == y).mean())
+
+
+HELD = 256
+
+
+@pytest.mark.must
+def test_calibration_turns_denoising_on_where_it_helps(
+    shapes: Any, shapes_export: Any, tmp_path: Path
+) -> None:
+    """The drawn shapes' CNN: calibration picks a strength, and with it ``--ttt bn`` on Gaussian noise 4 recovers
+    far more than without (measured: 0.66 -> 0.95 on the stream's 744 images, plain 0.11); clean shapes lose
+    nothing; the plain policy is untouched."""
+    path, record = _recorded(shapes_export, shapes, tmp_path)
+    assert record.floor == 0.0 and record.strength > 0 and record.examples == len(shapes.x_train)
+    assert InputNoise.from_dict(read_metadata(path)[KEY_INPUT_NOISE]) == record
+    x, y = shapes.x_test[HELD:], shapes.y_test[HELD:]
+    noisy = corrupt(x, "gaussian_noise", 4, seed=0)
+    on, off = TestTimePolicy(ttt="bn"), TestTimePolicy(ttt="bn", denoise=0.0)
+    assert _accuracy(path, on, noisy, y) >= _accuracy(path, off, noisy, y) + 0.1
+    assert _accuracy(path, on, x, y) >= _accuracy(path, off, x, y) - 0.005
+    batch = {"pixel_values": noisy[:32]}
+    plain = TestTimeEngine(path, TestTimePolicy()).predict(batch)
+    np.testing.assert_array_equal(
+        plain, TestTimeEngine(shapes_export.onnx_path, TestTimePolicy()).predict(batch)
+    )
+
+
+@pytest.mark.must
+def test_calibration_turns_denoising_off_where_it_hurts(
+    digits: Any, digits_export: Any, tmp_path: Path
+) -> None:
+    """The digits CNN, trained on crisp digits: a blur costs it more than the noise it removes (a forced strength
+    of 3 measured 0.77 against 0.84 on noisy digits, 0.97 against 1.0 on clean ones), so calibration records
+    strength 0 and the engine runs as without the
+    record; a model without the record is not denoised whatever the policy says."""
+    path, record = _recorded(digits_export, digits, tmp_path)
+    assert record.strength == 0.0
+    x, y = digits.x_test[HELD:], digits.y_test[HELD:]
+    noisy = corrupt(x, "gaussian_noise", 4, seed=0)
+    forced, off = TestTimePolicy(ttt="bn", denoise=3.0), TestTimePolicy(ttt="bn", denoise=0.0)
+    assert _accuracy(path, forced, noisy, y) <= _accuracy(path, off, noisy, y) - 0.02
+    batch = {"x": noisy[:32]}
+    recorded = TestTimeEngine(path, TestTimePolicy(ttt="bn")).predict(batch)
+    np.testing.assert_array_equal(recorded, TestTimeEngine(path, off).predict(batch))
+    unrecorded = TestTimeEngine(digits_export.onnx_path, forced).predict(batch)
+    np.testing.assert_array_equal(unrecorded, TestTimeEngine(digits_export.onnx_path, off).predict(batch))
+
+
+@pytest.mark.must
+@pytest.mark.parametrize(
+    "record", [{"floor": "low", "strength": 3.0}, {"floor": 0.1}, {"floor": -1, "strength": 2}]
+)
+def test_a_malformed_record_is_refused_with_a_way_around(
+    digits_export: Any, tmp_path: Path, record: dict[str, Any]
+) -> None:
+    path = tmp_path / "model.onnx"
+    shutil.copy(digits_export.onnx_path, path)
+    write_metadata(path, {KEY_INPUT_NOISE: record})
+    with pytest.raises(TestTimeError, match="input_noise record") as info:
+        TestTimeEngine(path, TestTimePolicy(ttt="bn"))
+    assert "--denoise 0" in str(info.value.hint)
+    TestTimeEngine(path, TestTimePolicy(ttt="bn", denoise=0.0))  # off: the record is not read
