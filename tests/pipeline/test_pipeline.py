@@ -121,13 +121,14 @@ def test_image_package_records_its_sources_noise(run: Any) -> None:
     validation images (testtime/denoise.py), which the test-time engine reads."""
     import modelexport
     from modelexport.metadata.schema import KEY_INPUT_NOISE
-    from modelexport.testtime.denoise import STRENGTHS, InputNoise
+    from modelexport.testtime.denoise import SHARPEN_STRENGTHS, STRENGTHS, InputNoise
 
     records = [modelexport.read_metadata(p)[KEY_INPUT_NOISE] for p in (run.model_path, run.quantized_path)]
     assert records[0] == records[1] == run.details["input_noise"]
     record = InputNoise.from_dict(records[0])
     assert 0.1 < record.floor < 0.35  # clean digits: most read 0 (flat borders), rings and loops up to 0.22
     assert record.strength in STRENGTHS and record.examples == min(256, len(run.train))
+    assert 0.3 < record.sharp_floor < 1.0 and record.sharpen in SHARPEN_STRENGTHS  # clean digits: 0.64 at p1
 
 
 @pytest.mark.smoke

@@ -104,9 +104,9 @@ METHODS: dict[str, TestTimePolicy] = {
     "sar": TestTimePolicy(ttt="sar"),
     #: The memory statistics without the stem's shift gate (``shift_gate=0``: the default before it).
     "bn-ungated": TestTimePolicy(ttt="bn", shift_gate=0.0),
-    #: Without input denoising (``denoise=0``: the default before it; the same as ``bn`` for a model that
-    #: records no source noise).
-    "bn-undenoised": TestTimePolicy(ttt="bn", denoise=0.0),
+    #: Without input restoration (``denoise=0, sharpen=0``: the default before it; the same as ``bn`` for a
+    #: model that records no source noise).
+    "bn-unrestored": TestTimePolicy(ttt="bn", denoise=0.0, sharpen=0.0),
     #: The slower pace the pipeline's policy search also validates (a reference: not a --ttt default).
     "bn-cautious": POLICY_PRESETS["bn-cautious"],
     #: Each batch's own statistics with the label-shift guard: the default before the memory statistics.
@@ -114,7 +114,7 @@ METHODS: dict[str, TestTimePolicy] = {
     #: The same without the guard: the failure on class-sorted batches.
     "bn-exact-unguarded": POLICY_PRESETS["bn-exact"].with_changes(label_shift_alpha=0.0),
 }
-REFERENCES = ("none", "bn-exact", "bn-exact-unguarded", "bn-cautious", "bn-ungated", "bn-undenoised")
+REFERENCES = ("none", "bn-exact", "bn-exact-unguarded", "bn-cautious", "bn-ungated", "bn-unrestored")
 #: (dataset, data, order, batch) cells the defaults were chosen on.
 TUNED = {
     ("digits", data, order, batch)

@@ -14,9 +14,17 @@ import pytest
 from modelexport.errors import TestTimeError
 from modelexport.metadata import read_metadata, write_metadata
 from modelexport.metadata.schema import KEY_INPUT_NOISE
-from modelexport.testtime import InputNoise, TestTimeEngine, TestTimePolicy, denoise, noise_ratio
+from modelexport.testtime import (
+    InputNoise,
+    TestTimeEngine,
+    TestTimePolicy,
+    denoise,
+    noise_ratio,
+    sharpen,
+    sharpness,
+)
 from modelexport.testtime.corruptions import corrupt, gaussian_blur
-from modelexport.testtime.denoise import BLUR_SIGMA, calibrate
+from modelexport.testtime.denoise import BLUR_SIGMA, SHARPEN_STRENGTHS, calibrate
 
 
 def _step_image(sigma: float, seed: int = 0) -> tuple[np.ndarray, float]:
@@ -57,12 +65,28 @@ def test_denoise_moves_each_example_by_its_own_noise() -> None:
     np.testing.assert_array_equal(denoise(x, 0.0, 0.0), x)
 
 
+@pytest.mark.smoke
+def test_sharpness_reads_a_blur_and_sharpening_gives_detail_back() -> None:
+    clean, _ = _step_image(0.0)
+    rng = np.random.default_rng(2)
+    textured = (clean + 0.3 * rng.random(clean.shape)).astype(np.float32)  # detail everywhere
+    blurred = gaussian_blur(textured, 1.0)
+    assert sharpness(blurred)[0, 0] < 0.5 * sharpness(textured)[0, 0]
+    floor = float(sharpness(textured)[0, 0])
+    assert sharpen(textured, floor, 1.0) is textured  # as sharp as the source: the batch as given
+    restored = sharpen(blurred, floor, 1.0)
+    assert sharpness(blurred)[0, 0] < sharpness(restored)[0, 0] <= floor
+    np.testing.assert_array_equal(sharpen(blurred, floor, 0.0), blurred)
+
+
 @pytest.mark.must
 def test_the_strength_is_checked() -> None:
     with pytest.raises(TestTimeError, match="denoise"):
         TestTimePolicy(ttt="bn", denoise=-1.0)
     with pytest.raises(TestTimeError, match="denoise"):
         TestTimePolicy(ttt="bn", denoise=float("nan"))
+    with pytest.raises(TestTimeError, match="sharpen"):
+        TestTimePolicy(ttt="bn", sharpen=-0.5)
 
 
 def _recorded(export: Any, data: Any, folder: Path) -> tuple[Path, InputNoise]:
@@ -120,15 +144,15 @@ def test_calibration_turns_denoising_on_where_it_helps(
 
 
 @pytest.mark.must
-def test_calibration_turns_denoising_off_where_it_hurts(
+def test_calibration_turns_denoising_off_where_it_hurts_and_sharpening_on(
     digits: Any, digits_export: Any, tmp_path: Path
 ) -> None:
     """The digits CNN, trained on crisp digits: a blur costs it more than the noise it removes (a forced strength
     of 3 measured 0.77 against 0.84 on noisy digits, 0.97 against 1.0 on clean ones), so calibration records
-    strength 0 and the engine runs as without the
-    record; a model without the record is not denoised whatever the policy says."""
+    strength 0 and noisy batches run as without the record; sharpening gives blurred digits their detail back
+    (blur 4: 0.77 -> 0.82 on the 194 streamed digits); a model without the record is not denoised whatever the policy says."""
     path, record = _recorded(digits_export, digits, tmp_path)
-    assert record.strength == 0.0
+    assert record.strength == 0.0 and record.sharpen in SHARPEN_STRENGTHS and record.sharpen > 0
     x, y = digits.x_test[HELD:], digits.y_test[HELD:]
     noisy = corrupt(x, "gaussian_noise", 4, seed=0)
     forced, off = TestTimePolicy(ttt="bn", denoise=3.0), TestTimePolicy(ttt="bn", denoise=0.0)
@@ -138,6 +162,10 @@ def test_calibration_turns_denoising_off_where_it_hurts(
     np.testing.assert_array_equal(recorded, TestTimeEngine(path, off).predict(batch))
     unrecorded = TestTimeEngine(digits_export.onnx_path, forced).predict(batch)
     np.testing.assert_array_equal(unrecorded, TestTimeEngine(digits_export.onnx_path, off).predict(batch))
+    blurred = corrupt(x, "blur", 4, seed=0)
+    unsharp = TestTimePolicy(ttt="bn", sharpen=0.0)
+    with_sharpening = _accuracy(path, TestTimePolicy(ttt="bn"), blurred, y)
+    assert with_sharpening >= _accuracy(path, unsharp, blurred, y) + 0.03
 
 
 @pytest.mark.must
@@ -152,5 +180,5 @@ def test_a_malformed_record_is_refused_with_a_way_around(
     write_metadata(path, {KEY_INPUT_NOISE: record})
     with pytest.raises(TestTimeError, match="input_noise record") as info:
         TestTimeEngine(path, TestTimePolicy(ttt="bn"))
-    assert "--denoise 0" in str(info.value.hint)
-    TestTimeEngine(path, TestTimePolicy(ttt="bn", denoise=0.0))  # off: the record is not read
+    assert "--denoise 0 --sharpen 0" in str(info.value.hint)
+    TestTimeEngine(path, TestTimePolicy(ttt="bn", denoise=0.0, sharpen=0.0))  # off: the record is not read

@@ -128,6 +128,7 @@ def test_evaluate_table_and_mc_dropout(digits_export: Any, digits_npz: Path, cap
         (["--seed", str(2**64)], f"got {2**64}"),
         (["--ttt", "bn", "--order", "dirichlet:inf"], "dirichlet alpha must be a finite number"),
         (["--ttt", "bn", "--denoise", "nan"], "denoise must be a finite number >= 0"),
+        (["--ttt", "bn", "--sharpen", "inf"], "sharpen must be a finite number >= 0"),
     ],
 )
 def test_bad_options_give_one_line_and_exit_1(

@@ -130,6 +130,13 @@ def _table(result: EvaluationResult) -> str:
     "the model must record (the image pipeline does). Default: the strength the record calibrated; 0: off.",
 )
 @click.option(
+    "--sharpen",
+    type=click.FloatRange(0, None),
+    default=None,
+    help="--ttt: image inputs smoother than the source's (a blur) get an unsharp mask of this times their "
+    "sharpness deficit, from the model's record. Default: the strength the record calibrated; 0: off.",
+)
+@click.option(
     "--bn-prior",
     type=float,
     default=0.0,
@@ -232,6 +239,7 @@ def evaluate_cmd(
     deep_prior: float,
     shift_gate: float,
     denoise: float | None,
+    sharpen: float | None,
     bn_prior: float,
     order: str,
     stream: bool,
@@ -272,6 +280,7 @@ def evaluate_cmd(
         deep_prior=deep_prior,
         shift_gate=shift_gate,
         denoise=denoise,
+        sharpen=sharpen,
         bn_prior=bn_prior,
         episodic=not stream,
         reset_every=reset_every,

@@ -78,9 +78,10 @@ KEY_GENERATION = "modelexport.generation"
 CACHE_INPUT_PREFIX = "past_key_values."
 #: Sentence-embedding graphs (a sentence-transformers folder): pooling, normalize, the output to return.
 KEY_EMBEDDING = "modelexport.embedding"
-#: The source images' noise (``testtime/denoise.py``: ``{"floor", "strength", "examples", "estimator"}``): the
-#: image pipeline measures the floor on its training images and calibrates the strength on its validation
-#: images; test-time adaptation denoises only models that carry it.
+#: The source images' noise and sharpness (``testtime/denoise.py``: ``{"floor", "strength", "sharp_floor",
+#: "sharpen", "examples", "estimator"}``): the image pipeline measures the floors on its training images and
+#: calibrates the strengths on its validation images; test-time adaptation restores inputs only for models
+#: that carry it.
 KEY_INPUT_NOISE = "modelexport.input_noise"
 KEY_ENCODING = "modelexport.metadata_encoding"
 KEY_CHECKSUM = "modelexport.metadata_checksum"

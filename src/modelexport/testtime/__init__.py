@@ -15,8 +15,9 @@ Stable public API (other parts of modelexport and users build on these names)::
 - ``TestTimePolicy`` (frozen, validated; ``to_dict``/``from_dict``; presets in ``POLICY_PRESETS``): TTA transforms
   and aggregator, ``modality`` (auto/image/text/tensor), ``adaptive_threshold``, ``batched``, ``ttt``
   (none/bn/tent/sar), ``statistics`` (``memory``: robust, the default; ``batch``: each batch's own),
-  ``memory_size``/``stem_prior``/``deep_prior``/``shift_gate`` (memory statistics), ``denoise`` (image inputs
-  moved toward their blur by their noise above the source's: ``InputNoise``, ``noise_ratio``), ``ttt_iterations``,
+  ``memory_size``/``stem_prior``/``deep_prior``/``shift_gate`` (memory statistics), ``denoise``/``sharpen``
+  (image inputs moved toward their blur by their noise above the source's, or sharpened by their lack of detail
+  below it: ``InputNoise``, ``noise_ratio``, ``sharpness``, ``restore``), ``ttt_iterations``,
   ``momentum``/``bn_prior`` (batch statistics), ``learning_rate``, ``episodic`` (default False: adaptation is
   continual along a stream), ``reset_every``, ``collapse_threshold``/``collapse_window`` (the collapse guard), ``label_shift_alpha``
   (the label-shift guard of batch statistics), ``prior_correction``, ``reliable_entropy``, ``mc_dropout``,
@@ -44,7 +45,7 @@ from .adapt import BNAdapter, BNLayer, BNState, find_bn_layers
 from .aggregate import AGGREGATORS, aggregate, entropy
 from .augment import MODALITIES, TRANSFORMS, Transform, make_views, register_transform, transforms_for
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
-from .denoise import InputNoise, denoise, noise_ratio
+from .denoise import InputNoise, denoise, noise_ratio, restore, sharpen, sharpness
 from .engine import TestTimeEngine, TestTimeResult
 from .ensemble import Ensemble
 from .interpreter import SUPPORTED_OPS, OnnxTorchModule
@@ -95,6 +96,9 @@ __all__ = [
     "noise_ratio",
     "policy_preset",
     "register_transform",
+    "restore",
+    "sharpen",
+    "sharpness",
     "softmax",
     "tent_adapt",
     "transforms_for",

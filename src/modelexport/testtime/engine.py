@@ -1,9 +1,9 @@
 """``TestTimeEngine``: one entry point that spends test-time compute on an ONNX model.
 
 ``TestTimeEngine(model, policy, providers).predict(feeds, stream) -> probabilities (N, C)``. Per call, in
-order: denoise image inputs where the model records its source's noise (``denoise.py``), adapt BN statistics
-or run Tent on the batch (``policy.ttt``), run the TTA views (batched when the
-batch axis is dynamic) with MC-dropout passes inside each view, and aggregate. Sessions are built once and
+order: denoise or sharpen image inputs where the model records its source's noise and detail
+(``denoise.py``), adapt BN statistics or run Tent on the batch (``policy.ttt``), run the TTA views (batched
+when the batch axis is dynamic) with MC-dropout passes inside each view, and aggregate. Sessions are built once and
 never modified: an adaptation lives in a :class:`Stream` the caller holds (``engine.new_stream()``; one per
 client, the engine keeps none), so concurrent callers are isolated. A call without a stream starts from the
 source and keeps nothing.
@@ -17,7 +17,7 @@ look collapsed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,7 +31,7 @@ from ..runtime.session import SessionConfig, SessionInfo, create_session
 from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
 from .augment import make_views
-from .denoise import InputNoise, denoise, measurable
+from .denoise import InputNoise, measurable, restore
 from .graph import ModelLike, load_model, mixed_statistics
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .memory import StatisticsMemory, StatisticsPrior
@@ -150,18 +150,22 @@ class TestTimeEngine:
             return "text"
         return "image" if rank == 4 else "tensor"
 
-    def _input_noise(self, model: onnx.ModelProto) -> tuple[float, float] | None:
-        """(floor, strength) where this engine denoises: an adapting method on image inputs of a model that
-        carries its source's noise record (``denoise.py``), at a strength above 0 (the policy's, else the
-        record's)."""
-        if self.adapter is None or self.policy.denoise == 0 or self.modality != "image":
+    def _input_noise(self, model: onnx.ModelProto) -> InputNoise | None:
+        """The source's record where this engine restores inputs: an adapting method on image inputs of a
+        model that carries it (``denoise.py``), with the policy's strengths where it sets them, one above 0."""
+        p = self.policy
+        if self.adapter is None or p.denoise == p.sharpen == 0 or self.modality != "image":
             return None
         record = read_metadata(model).get(KEY_INPUT_NOISE)
         if not isinstance(record, dict):
             return None
         noise = InputNoise.from_dict(record)
-        strength = noise.strength if self.policy.denoise is None else self.policy.denoise
-        return (noise.floor, strength) if strength > 0 else None
+        noise = replace(
+            noise,
+            strength=noise.strength if p.denoise is None else p.denoise,
+            sharpen=noise.sharpen if p.sharpen is None else p.sharpen,
+        )
+        return noise if noise.strength or noise.sharpen else None
 
     def new_stream(self) -> Stream:
         """A fresh adaptation stream: one per client of a continual policy (the default), passed to every call."""
@@ -294,12 +298,13 @@ class TestTimeEngine:
             logits = np.stack([t.invert(y, i) for y, t, i in zip(logits, owners, index, strict=True)])
         return logits, len(views), batched
 
-    def _denoised(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``feeds`` with the image input denoised (``denoise.py``) where the engine has the source's record."""
+    def _restored(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``feeds`` with the image input denoised and sharpened (``denoise.py``) where the engine has the
+        source's record."""
         noise, x = self._noise, feeds[self.input_name]
         if noise is None or not measurable(x.shape) or not np.issubdtype(x.dtype, np.floating):
             return feeds
-        out = denoise(x, *noise)
+        out = restore(x, noise)
         return feeds if out is x else {**feeds, self.input_name: out}
 
     def run(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> TestTimeResult:
@@ -313,7 +318,7 @@ class TestTimeEngine:
             raise InferenceError("empty batch: no examples to predict", hint="give at least one example")
         stream = stream if stream is not None else Stream()  # no stream: nothing is carried over
         p = self.policy
-        seen = self._denoised(feeds)
+        seen = self._restored(feeds)
         if self._prior is not None:
             return self._correct(stream, self._run_memory(seen, stream, feeds))
         if self.adapter is not None and p.batch_statistics and p.label_shift_alpha:

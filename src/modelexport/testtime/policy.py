@@ -63,6 +63,7 @@ _NUMBER_FIELDS: dict[str, type | tuple[type, ...]] = {
     "deep_prior": (int, float),
     "shift_gate": (int, float),
     "denoise": (int, float),
+    "sharpen": (int, float),
     "step_layers": int,
 }
 
@@ -118,6 +119,9 @@ class TestTimePolicy:
     #: written by the image pipeline): each example moves toward its blur by this times its noise ratio above
     #: the source's, at most all the way (``denoise.py``). None: the strength the record calibrated; 0: off.
     denoise: float | None = None
+    #: The same models: an example smoother than the source's images (a blur) is sharpened by an unsharp mask of
+    #: this times its sharpness deficit (``denoise.py``). None: the strength the record calibrated; 0: off.
+    sharpen: float | None = None
     #: batch statistics: passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
     #: Tent / sar: gradient steps per batch (None: 1, as in the paper).
     ttt_iterations: int | None = None
@@ -197,6 +201,11 @@ class TestTimePolicy:
             (
                 "denoise",
                 self.denoise is None or 0.0 <= self.denoise < math.inf,
+                "a finite number >= 0 (0: off; None: the model's calibrated strength)",
+            ),
+            (
+                "sharpen",
+                self.sharpen is None or 0.0 <= self.sharpen < math.inf,
                 "a finite number >= 0 (0: off; None: the model's calibrated strength)",
             ),
             (
