@@ -150,7 +150,8 @@ def test_calibration_turns_denoising_off_where_it_hurts_and_sharpening_on(
     """The digits CNN, trained on crisp digits: a blur costs it more than the noise it removes (a forced strength
     of 3 measured 0.77 against 0.84 on noisy digits, 0.97 against 1.0 on clean ones), so calibration records
     strength 0 and noisy batches run as without the record; sharpening gives blurred digits their detail back
-    (blur 4: 0.77 -> 0.82 on the 194 streamed digits); a model without the record is not denoised whatever the policy says."""
+    (blur 4: 0.77 -> 0.82 on the 194 streamed digits); a model without the record is not denoised whatever the
+    policy says."""
     path, record = _recorded(digits_export, digits, tmp_path)
     assert record.strength == 0.0 and record.sharpen in SHARPEN_STRENGTHS and record.sharpen > 0
     x, y = digits.x_test[HELD:], digits.y_test[HELD:]

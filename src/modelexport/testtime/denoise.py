@@ -33,7 +33,7 @@ pipeline's digits network, even exact BN statistics of i.i.d. batches recover 45
   same way on the held-out images blurred (``BLURS``; at most 1, the gain itself). On the pipeline's seed-2
   digits network blur-4 recovery went 51-55% -> 71-75% and its class-ordered blur-2 streams came 0.1-0.7
   points closer to plain.
-  A noisy example reads sharp and a blurred one noiseless, so at most one of the two moves it.
+  A noisy example reads sharp and a blurred one noiseless, so the two corrections do not meet on one example.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ __all__ = [
     "BLUR_SIGMA",
     "FLOOR_QUANTILE",
     "LEVELS",
+    "MAX_SHARPEN",
     "QUANTILE",
     "SHARPEN_SIGMA",
     "SHARPEN_STRENGTHS",
@@ -130,12 +131,13 @@ def sharpness(x: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class InputNoise:
     """A package's ``modelexport.input_noise``: the source data's noise ratio (the ``FLOOR_QUANTILE`` of
-    :func:`noise_ratio` over ``examples`` of its images) and the strength :func:`calibrate` chose."""
+    :func:`noise_ratio` over ``examples`` of its images) and its sharpness (the ``SHARP_QUANTILE`` of
+    :func:`sharpness`), with the denoising and sharpening strengths :func:`calibrate` chose."""
 
     floor: float
     strength: float
     examples: int
-    #: The sharpness ``SHARP_QUANTILE`` of the source's images stay below, and the sharpening strength.
+    #: The sharpness all but ``SHARP_QUANTILE`` of the source's images stay above, and the sharpening strength.
     sharp_floor: float = 0.0
     sharpen: float = 0.0
 
@@ -218,8 +220,9 @@ def restore(x: np.ndarray, record: InputNoise) -> np.ndarray:
     """``x`` (N, C, H, W) with each example's channel, measured as given, moved toward its blur by
     ``record.strength`` times its squared noise ratio above the floor's square (at most all the way), and
     sharpened by an unsharp mask of ``record.sharpen`` times the gain that brings its detail back to the
-    sharpness floor (``sharp_floor / sharpness - 1``, at most ``MAX_SHARPEN``); ``x`` itself when no example is noisier or smoother than the
-    source's. A noisy example reads sharp and a blurred one noiseless, so at most one of the two moves it."""
+    sharpness floor (``sharp_floor / sharpness - 1``, at most ``MAX_SHARPEN``); ``x`` itself when no example
+    is noisier or smoother than the source's. A noisy example reads sharp and a blurred one noiseless, so the
+    two corrections do not meet on one example (on the digits and shapes measured)."""
     out = x
     if not (record.strength or (record.sharpen and record.sharp_floor)):
         return out
