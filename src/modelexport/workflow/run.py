@@ -288,9 +288,10 @@ class PipelineRun:
         return dataset_samples(train, ONNXAutoProcessor.sources(fp32), limit, seed=self.cfg.seed)
 
     def _record_input_noise(self, fp32: Path, deployed: Path, train: Dataset, val: Dataset) -> None:
-        """Image models: the training images' noise ratio and the denoising strength calibrated on the
-        validation images (testtime/denoise.py) into both models (``modelexport.input_noise``), before the
-        policy is chosen, so that test-time adaptation denoises against them."""
+        """Image models: the training images' noise and detail floors and the denoising and sharpening
+        strengths calibrated on the validation images (testtime/denoise.py) into both models
+        (``modelexport.input_noise``), before the policy is chosen, so that test-time adaptation restores
+        inputs against them. The pipeline's image networks take a dynamic batch: ``predict`` runs a whole set."""
         if train.kind != "image":
             return
         images = [self._images(fp32, data) for data in (train, val)]
