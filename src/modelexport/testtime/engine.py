@@ -309,8 +309,8 @@ class TestTimeEngine:
 
     def run(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> TestTimeResult:
         """Predict one batch with the policy; returns probabilities and what was spent. The adapted model
-        sees the inputs denoised (where the engine denoises); the source model, served by the guards, sees
-        them as given."""
+        sees the inputs restored (denoised or sharpened, where the engine has the source's record); the source
+        model, served by the guards, sees them as given."""
         missing = [name for name in self._input_names if name not in feeds]
         if missing:
             raise InferenceError(f"missing model inputs {missing}; the model takes {self._input_names}")
@@ -509,7 +509,7 @@ class TestTimeEngine:
     def adapted_model(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> onnx.ModelProto:
         """A copy of the model with the adaptation of this batch written into its initializers (to save or
         ship): run plainly it predicts the batch as :meth:`run` would on ``stream`` (default: a fresh one,
-        which is not changed). Input denoising is not part of a graph: the statistics are those of the
+        which is not changed). Input restoration is not part of a graph: the statistics are those of the
         batch as given, and the copy takes inputs as they are."""
         adapter = self.adapter
         if adapter is None:

@@ -120,7 +120,8 @@ class TestTimePolicy:
     #: the source's, at most all the way (``denoise.py``). None: the strength the record calibrated; 0: off.
     denoise: float | None = None
     #: The same models: an example smoother than the source's images (a blur) is sharpened by an unsharp mask of
-    #: this times its sharpness deficit (``denoise.py``). None: the strength the record calibrated; 0: off.
+    #: this times the gain that brings its detail back to theirs (``denoise.py``). None: the strength the record
+    #: calibrated; 0: off.
     sharpen: float | None = None
     #: batch statistics: passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
     #: Tent / sar: gradient steps per batch (None: 1, as in the paper).
