@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from modelexport.errors import TestTimeError
@@ -18,13 +17,14 @@ from modelexport.testtime import (
     InputNoise,
     TestTimeEngine,
     TestTimePolicy,
+    calibrate_restoration,
     denoise,
     noise_ratio,
     sharpen,
     sharpness,
 )
 from modelexport.testtime.corruptions import corrupt, gaussian_blur
-from modelexport.testtime.denoise import BLUR_SIGMA, SHARPEN_STRENGTHS, calibrate
+from modelexport.testtime.denoise import BLUR_SIGMA, SHARPEN_STRENGTHS
 
 
 def _step_image(sigma: float, seed: int = 0) -> tuple[np.ndarray, float]:
@@ -94,14 +94,7 @@ def _recorded(export: Any, data: Any, folder: Path) -> tuple[Path, InputNoise]:
     images: the first 256 test images; the streams below run on the others)."""
     path = folder / "model.onnx"
     shutil.copy(export.onnx_path, path)
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    record = calibrate(
-        data.x_train,
-        data.x_test[:HELD],
-        data.y_test[:HELD],
-        lambda x: session.run(None, {name: x})[0].argmax(-1),
-    )
+    record = calibrate_restoration(path, data.x_train, data.x_test[:HELD], data.y_test[:HELD])
     write_metadata(path, {KEY_INPUT_NOISE: record.to_dict()})
     return path, record
 

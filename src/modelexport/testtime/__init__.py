@@ -46,7 +46,7 @@ from .aggregate import AGGREGATORS, aggregate, entropy
 from .augment import MODALITIES, TRANSFORMS, Transform, make_views, register_transform, transforms_for
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from .denoise import InputNoise, denoise, noise_ratio, restore, sharpen, sharpness
-from .engine import TestTimeEngine, TestTimeResult
+from .engine import TestTimeEngine, TestTimeResult, calibrate_restoration
 from .ensemble import Ensemble
 from .interpreter import SUPPORTED_OPS, OnnxTorchModule
 from .iterative import IterationResult, build_loop_model, iterate
@@ -85,6 +85,7 @@ __all__ = [
     "Transform",
     "aggregate",
     "build_loop_model",
+    "calibrate_restoration",
     "corrupt",
     "denoise",
     "enable_mc_dropout",

@@ -31,12 +31,12 @@ from ..runtime.session import SessionConfig, SessionInfo, create_session
 from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
 from .augment import make_views
-from .denoise import InputNoise, measurable, restore
+from .denoise import InputNoise, calibrate, measurable, restore
 from .graph import ModelLike, load_model, mixed_statistics
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .memory import StatisticsMemory, StatisticsPrior
 from .methods import ADAPTATION_METHODS, AdaptationMethod
-from .policy import TestTimePolicy
+from .policy import POLICY_PRESETS, TestTimePolicy
 from .streams import MIN_BATCH, PRIOR_WINDOW, CollapseGuard, LabelHistory, Stream, prior_correction
 from .tail import Tail, TailBuffer, tail_outputs
 
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import onnxruntime as ort
     import torch
 
-__all__ = ["REFRESH_EXAMPLES", "TestTimeEngine", "TestTimeResult", "Stream"]
+__all__ = ["REFRESH_EXAMPLES", "TestTimeEngine", "TestTimeResult", "Stream", "calibrate_restoration"]
 
 #: Examples a stream's memory takes before its blended statistics are recomputed (every batch of 8 or more).
 REFRESH_EXAMPLES = 8
@@ -546,6 +546,28 @@ class TestTimeEngine:
         out, _ = self._forward(feeds, state)
         logits = out.reshape(len(views), len(texts), *out.shape[1:])
         return aggregate(logits, self.policy.tta_aggregate, -1)
+
+
+def calibrate_restoration(
+    model: ModelLike,
+    train: np.ndarray,
+    held_out: np.ndarray,
+    labels: np.ndarray,
+    seed: int = 0,
+    providers: list[str] | tuple[str, ...] | None = None,
+) -> InputNoise:
+    """An image model's ``modelexport.input_noise`` record (:func:`denoise.calibrate`), its strengths judged
+    where restoration runs: before adaptation. Each calibration set, one i.i.d. batch of ``held_out`` images,
+    is predicted with its own BN statistics (``bn-exact``), the statistics adaptation tends to on such data;
+    a model without BN layers, which no method adapts, as it runs."""
+    source = load_model(model)
+    policy = POLICY_PRESETS["bn-exact"] if find_bn_layers(source) else TestTimePolicy()
+    engine = TestTimeEngine(source, policy.with_changes(denoise=0.0, sharpen=0.0), providers)
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        return engine.predict({engine.input_name: x}).argmax(-1)
+
+    return calibrate(train, held_out, labels, predict, seed)
 
 
 def _classes(logits: np.ndarray) -> np.ndarray:

@@ -25,8 +25,9 @@ from ..metadata import write_metadata
 from ..metadata.schema import KEY_INPUT_NOISE, KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
 from ..onnxfile import record_deployed_model, staged_output
 from ..optimize.quantization import quantize
-from ..runtime.session import available_providers, create_session, fallback_said_once, resolve_providers
-from ..testtime.denoise import calibrate, measurable
+from ..runtime.session import available_providers, fallback_said_once, resolve_providers
+from ..testtime.denoise import measurable
+from ..testtime.engine import calibrate_restoration
 from ..testtime.policy import TestTimePolicy
 from ..train.networks import NETWORKS, Network, build_network
 from ..train.policy_search import (
@@ -289,22 +290,19 @@ class PipelineRun:
 
     def _record_input_noise(self, fp32: Path, deployed: Path, train: Dataset, val: Dataset) -> None:
         """Image models: the training images' noise and detail floors and the denoising and sharpening
-        strengths calibrated on the validation images (testtime/denoise.py) into both models
-        (``modelexport.input_noise``), before the policy is chosen, so that test-time adaptation restores
-        inputs against them. The pipeline's image networks take a dynamic batch: ``predict`` runs a whole set."""
+        strengths calibrated on the validation images through adapted statistics (testtime/denoise.py,
+        ``calibrate_restoration``) into both models (``modelexport.input_noise``), before the policy is chosen,
+        so that test-time adaptation restores inputs against them. The pipeline's image networks take a dynamic
+        batch: each calibration set runs as one batch."""
         if train.kind != "image":
             return
         images = [self._images(fp32, data) for data in (train, val)]
         (x_train, _), (x_val, y_val) = images
         if x_train is None or x_val is None or y_val is None:
             return
-        session, _ = create_session(deployed, providers=("CPUExecutionProvider",))
-        name, output = session.get_inputs()[0].name, session.get_outputs()[0].name
-
-        def predict(x: np.ndarray) -> np.ndarray:
-            return session.run([output], {name: x})[0].argmax(-1)
-
-        record = calibrate(x_train, x_val, y_val, predict, seed=self.cfg.seed)
+        record = calibrate_restoration(
+            deployed, x_train, x_val, y_val, self.cfg.seed, providers=("CPUExecutionProvider",)
+        )
         for path in {deployed, fp32}:
             write_metadata(path, {KEY_INPUT_NOISE: record.to_dict()})
         self.details["input_noise"] = record.to_dict()
