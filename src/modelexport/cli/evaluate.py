@@ -126,15 +126,15 @@ def _table(result: EvaluationResult) -> str:
     "--denoise",
     type=click.FloatRange(0, None),
     default=None,
-    help="--ttt: image inputs move toward their blur by this times their noise ratio above the source's, which "
-    "the model must record (the image pipeline does). Default: the strength the record calibrated; 0: off.",
+    help="--ttt: image inputs move toward their blur by this times their squared noise ratio above the source's, "
+    "which the model must record (the image pipeline does). Default: the strength the record calibrated; 0: off.",
 )
 @click.option(
     "--sharpen",
     type=click.FloatRange(0, None),
     default=None,
-    help="--ttt: image inputs smoother than the source's (a blur) get an unsharp mask of this times their "
-    "sharpness deficit, from the model's record. Default: the strength the record calibrated; 0: off.",
+    help="--ttt: image inputs smoother than the source's (a blur) get an unsharp mask of this times the gain "
+    "that brings their detail back to the model's record. Default: the strength the record calibrated; 0: off.",
 )
 @click.option(
     "--bn-prior",

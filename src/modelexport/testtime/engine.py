@@ -318,12 +318,12 @@ class TestTimeEngine:
             raise InferenceError("empty batch: no examples to predict", hint="give at least one example")
         stream = stream if stream is not None else Stream()  # no stream: nothing is carried over
         p = self.policy
-        seen = self._restored(feeds)
         if self._prior is not None:
-            return self._correct(stream, self._run_memory(seen, stream, feeds))
+            return self._correct(stream, self._run_memory(self._restored(feeds), stream, feeds))
         if self.adapter is not None and p.batch_statistics and p.label_shift_alpha:
             if len(feeds[self.input_name]) < MIN_BATCH:  # too few examples for their own statistics
                 return self._correct(stream, self._fallback(feeds, stream, "small batch"))
+        seen = self._restored(feeds)  # after the fallback, which serves the source the batch as given
         if p.episodic:  # nothing shared: concurrent calls adapt independently
             before, state = None, self._adapt(seen, stream)
         else:

@@ -116,8 +116,8 @@ class TestTimePolicy:
     #: follow. A clean stream keeps the source's stem variances (0: no gate).
     shift_gate: float = 0.1
     #: Adapting methods on image inputs of a model that records its source's noise (``modelexport.input_noise``,
-    #: written by the image pipeline): each example moves toward its blur by this times its noise ratio above
-    #: the source's, at most all the way (``denoise.py``). None: the strength the record calibrated; 0: off.
+    #: written by the image pipeline): each example moves toward its blur by this times its squared noise ratio
+    #: above the source's, at most all the way (``denoise.py``). None: the strength the record calibrated; 0: off.
     denoise: float | None = None
     #: The same models: an example smoother than the source's images (a blur) is sharpened by an unsharp mask of
     #: this times the gain that brings its detail back to theirs (``denoise.py``). None: the strength the record

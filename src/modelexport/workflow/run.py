@@ -61,9 +61,9 @@ __all__ = ["PipelineRun", "run_pipeline"]
 
 log = logging.getLogger(__name__)
 POLICY_KEY = KEY_TEST_TIME_POLICY
-#: Examples of each split the source's input noise record is measured and calibrated on (a median and an
+#: Examples of each split the source's input noise record is measured and calibrated on (a quantile and an
 #: accuracy: a few hundred settle them), fewer for large images: at most NOISE_VALUES input values, at least
-#: NOISE_MIN examples (calibration runs the model on 24 noisy copies: testtime/denoise.py).
+#: NOISE_MIN examples (calibration runs the model, adapted, on 24 noisy and 9 blurred copies: testtime/denoise.py).
 NOISE_EXAMPLES = 256
 NOISE_VALUES = 2**22
 NOISE_MIN = 32
