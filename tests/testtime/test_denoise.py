@@ -20,11 +20,12 @@ from modelexport.testtime import (
     calibrate_restoration,
     denoise,
     noise_ratio,
+    restore,
     sharpen,
     sharpness,
 )
 from modelexport.testtime.corruptions import corrupt, gaussian_blur
-from modelexport.testtime.denoise import BLUR_SIGMA, SHARPEN_STRENGTHS
+from modelexport.testtime.denoise import BLUR_SIGMA, SHARPEN_STRENGTHS, restore_measured
 
 
 def _step_image(sigma: float, seed: int = 0) -> tuple[np.ndarray, float]:
@@ -63,6 +64,20 @@ def test_denoise_moves_each_example_by_its_own_noise() -> None:
     np.testing.assert_allclose(out[1], gaussian_blur(noisy, BLUR_SIGMA)[0], rtol=1e-5, atol=1e-6)
     assert denoise(x, float(noise_ratio(noisy)[0, 0]), 100.0) is x  # the floor at its level: no move
     np.testing.assert_array_equal(denoise(x, 0.0, 0.0), x)
+
+
+@pytest.mark.smoke
+def test_restoration_reports_each_examples_noise_above_the_floor() -> None:
+    """What the denoising takes out, read before it: each example's squared noise ratio above the floor's
+    square (0 below it), averaged over its channels; none where the record denoises nothing."""
+    clean, _ = _step_image(0.0)
+    noisy, _ = _step_image(0.3, seed=1)
+    x = np.concatenate([clean, noisy])
+    ratio = float(noise_ratio(noisy)[0, 0])
+    out, excess = restore_measured(x, InputNoise(0.5 * ratio, 2.0, 0))
+    np.testing.assert_array_equal(out, restore(x, InputNoise(0.5 * ratio, 2.0, 0)))
+    np.testing.assert_allclose(excess, [0.0, 0.75 * ratio**2], rtol=1e-6)
+    assert restore_measured(x, InputNoise(0.0, 0.0, 0, 0.9, 1.0))[1] is None  # sharpening only
 
 
 @pytest.mark.smoke

@@ -14,7 +14,7 @@ from modelexport.testtime import POLICY_PRESETS, STATISTICS, BNAdapter, TestTime
 from modelexport.testtime.adapt import channel_stats
 from modelexport.testtime.corruptions import corrupt
 from modelexport.testtime.graph import SAMPLE_STATS, mix_variance_gate, mix_weight, mixed_statistics
-from modelexport.testtime.memory import StatisticsMemory, balanced_keep
+from modelexport.testtime.memory import NOISE_GATE, StatisticsMemory, balanced_keep
 from modelexport.testtime.streams import CollapseGuard
 from modelexport.testtime.tail import STEP_EXAMPLES
 from tests.testtime.robustness import run_stream
@@ -54,14 +54,17 @@ def test_memory_keeps_every_class_its_share_and_the_newest() -> None:
     one_at_a_time, batched = StatisticsMemory(8, 2, 3), StatisticsMemory(8, 2, 3)
     labels = np.array([i % 3 for i in range(20)] + [0] * 10)  # three classes, then one class floods
     rows = np.arange(60, dtype=np.float64).reshape(30, 2)
-    for row, label in zip(rows, labels, strict=True):
-        one_at_a_time.add(row[None], np.array([label]))
-    batched.add(rows, labels)
+    noise = rows[:, 0] / 100.0  # each example's excess noise travels with its entry
+    for row, label, level in zip(rows, labels, noise, strict=True):
+        one_at_a_time.add(row[None], np.array([label]), np.array([level]))
+    batched.add(rows, labels, noise)
     for memory in (one_at_a_time, batched):
         counts = np.bincount(memory.classes[: memory.size], minlength=3)
         assert memory.size == 8 and sorted(counts) == [2, 3, 3] and memory.distinct == 3
         assert memory.coverage == 1.0
         np.testing.assert_allclose(memory.moments(), memory.stats[: memory.size].mean(axis=0))
+        np.testing.assert_allclose(memory.noise[: memory.size], memory.stats[: memory.size, 0] / 100.0)
+        assert memory.noise_level == pytest.approx(memory.stats[: memory.size, 0].mean() / 100.0)
         for c in range(3):  # the newest of each class are the ones kept
             kept = np.sort(memory.ages[: memory.size][memory.classes[: memory.size] == c])
             assert list(kept) == sorted(np.flatnonzero(labels == c) + 1)[-len(kept) :]
@@ -86,7 +89,7 @@ def test_the_memory_keeps_what_balanced_keep_keeps_of_its_entries_and_a_batch() 
                 rng.integers(0, classes, n) if rng.random() < 0.5 else np.full(n, rng.integers(0, classes))
             )
             new_rows = rng.standard_normal((n, 2))
-            memory.add(new_rows, batch)
+            memory.add(new_rows, batch, new_rows[:, 1] ** 2)
             labels, rows = np.concatenate([labels, batch]), np.concatenate([rows, new_rows])
             ages, clock = np.concatenate([ages, clock + 1 + np.arange(n)]), clock + n
             if len(labels) > capacity:
@@ -96,6 +99,7 @@ def test_the_memory_keeps_what_balanced_keep_keeps_of_its_entries_and_a_batch() 
             np.testing.assert_array_equal(memory.ages[: memory.size][held], ages)
             np.testing.assert_array_equal(memory.classes[: memory.size][held], labels)
             np.testing.assert_allclose(memory.moments(), rows.mean(axis=0), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(memory.noise_level, (rows[:, 1] ** 2).mean(), rtol=1e-12)
             assert memory.distinct == len(np.unique(labels))
 
 
@@ -251,6 +255,23 @@ def test_the_shift_gate_keeps_the_stem_variances_until_the_memory_moves_away(
     )
     np.testing.assert_allclose(mean_only[0], both[0], rtol=1e-6)  # the batch's mean
     np.testing.assert_array_equal(mean_only[1], adapter.source_state[adapter.layers[0].var])
+
+
+@pytest.mark.must
+def test_the_input_noise_the_denoising_took_out_opens_the_gates(digits_export: Any) -> None:
+    """A noisy stream whose input denoising left the stem's variances at the source's (the stem's own gate
+    shut) still shifts the deep layers: the entries' excess noise as given opens the gates from
+    ``NOISE_GATE`` (shut) to twice that (open), whichever of the two is more open; a stream without the
+    reading (a model with no record) keeps the stem's gate."""
+    adapter = BNAdapter(digits_export.onnx_path)
+    prior = adapter.prior(16.0, 64.0, gate=0.1)
+    s = len(prior.mean)
+    rows = np.tile(np.concatenate([prior.mean, prior.var + prior.mean**2]), (128, 1))  # the source's moments
+    for level, opened in ((None, 0.0), (NOISE_GATE, 0.0), (1.5 * NOISE_GATE, 0.5), (2 * NOISE_GATE, 1.0)):
+        memory = StatisticsMemory(128, 2 * s, 10)
+        memory.add(rows, np.arange(128) % 10, None if level is None else np.full(128, level))
+        assert prior.shift(memory)[0] < 1e-6
+        assert prior.gates(memory) == pytest.approx([opened])
 
 
 @pytest.mark.sanity

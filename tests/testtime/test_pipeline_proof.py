@@ -4,9 +4,9 @@ The image pipeline trains on a PNG folder of digits with seed 1 (the design was 
 test folders are corrupted in pixel space and read through the package's processor, class by class as a folder
 is read (tests/testtime/pipeline_folder.py). ``--ttt bn`` with its defaults, against plain inference, in batches
 of 40 and 1, streamed as read and class-sorted. Met and pinned as measured (docs/benchmarks.md, final round):
-contrast and the issue's noise 2 + contrast 2 recover 86-92%; Gaussian noise 4 recovers 47-52% with the input
-denoising the package records, its strength judged through adapted statistics (45-50% judged plain, 17-22%
-without denoising; exact BN on i.i.d. batches: 45%), blur 4 70-72% with its sharpening (35-42% without). Clean
+contrast and the issue's noise 2 + contrast 2 recover 86-92%; Gaussian noise 4 recovers 55-57% with the input
+denoising the package records and the gate its excess noise opens (47-52% with the gate shut, 17-22% without
+denoising; exact BN on i.i.d. batches: 45%), blur 4 70-72% with its sharpening (35-42% without). Clean
 class-ordered streams stay within 0.67 points of plain (4 of 597 digits) with the stem's shift gate and the
 class count by support (1.01 with the gate alone), and lose up to 2 points without the gate
 (``shift_gate=0``), because this network's stem variances tell classes apart. The whole table: ``python
@@ -25,13 +25,13 @@ from tests.testtime.pipeline_folder import FolderModel, pipeline_model
 from tests.testtime.robustness import COMBINED, matrix, recovery
 
 SETS = ("contrast@4", COMBINED, "gaussian_noise@4", "blur@4")
-#: Recovery at least (batch 40, batch 1); noise 4 measured 47-48% / 52% (22% / 17% before the input
-#: denoising, 45-47% / 49-50% with its strength judged plain): the 50% target missed at batch 40, pinned below
-#: what was measured. Blur 4 measured 70-72% with the sharpening (42% / 35% before): the targets.
+#: Recovery at least (batch 40, batch 1), the targets: noise 4 measured 57% / 55% (47-48% / 52% before its
+#: excess noise opened the gate, 22% / 17% before the input denoising), blur 4 70-72% with the sharpening
+#: (42% / 35% before).
 FLOOR = {
     "contrast@4": (0.5, 0.3),
     COMBINED: (0.5, 0.3),
-    "gaussian_noise@4": (0.45, 0.45),
+    "gaussian_noise@4": (0.5, 0.3),
     "blur@4": (0.5, 0.3),
 }
 #: The clean class-ordered streams' measured loss (up to 0.67 points, 4 digits), pinned below the 1.01 points

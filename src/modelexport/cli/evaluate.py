@@ -120,7 +120,8 @@ def _table(result: EvaluationResult) -> str:
     default=0.1,
     show_default=True,
     help="--statistics memory: the stem BN layers' variances adapt only once the memory's are this far from the "
-    "source's (nats a channel; fully from twice it; 0: always); their means always follow.",
+    "source's (nats a channel; fully from twice it; 0: always), or once the inputs --denoise cleans were noisy "
+    "(their excess noise); their means always follow.",
 )
 @click.option(
     "--denoise",

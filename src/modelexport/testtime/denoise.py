@@ -68,6 +68,7 @@ __all__ = [
     "measurable",
     "noise_ratio",
     "restore",
+    "restore_measured",
     "sharpen",
     "sharpness",
 ]
@@ -223,12 +224,22 @@ def restore(x: np.ndarray, record: InputNoise) -> np.ndarray:
     sharpness floor (``sharp_floor / sharpness - 1``, at most ``MAX_SHARPEN``); ``x`` itself when no example
     is noisier or smoother than the source's. A noisy example reads sharp and a blurred one noiseless, so the
     two corrections do not meet on one example (on the digits and shapes measured)."""
-    out = x
+    return restore_measured(x, record)[0]
+
+
+def restore_measured(x: np.ndarray, record: InputNoise) -> tuple[np.ndarray, np.ndarray | None]:
+    """(:func:`restore`'s output, each example's *excess noise*: its squared noise ratio above the floor's
+    square, the share of its variance that is noise beyond the source's, averaged over its channels (N,)),
+    the excess None where the record denoises nothing. What the denoising takes out of an example no
+    statistics downstream can see any more; the adaptation reads it here (``memory.NOISE_GATE``)."""
+    out, excess = x, None
     if not (record.strength or (record.sharpen and record.sharp_floor)):
-        return out
+        return out, excess
     ratio, sharp = _readings(x)
     if record.strength:
-        weight = np.clip(record.strength * (ratio**2 - record.floor**2), 0.0, 1.0)
+        share = np.maximum(ratio**2 - record.floor**2, 0.0)
+        excess = share.mean(axis=1)
+        weight = np.minimum(record.strength * share, 1.0)
         if weight.any():  # every example through the blur: a weight of 0 leaves it exactly as it was
             out = out + weight[:, :, None, None] * (gaussian_blur(x, BLUR_SIGMA) - x)
     if record.sharpen and record.sharp_floor:
@@ -236,7 +247,7 @@ def restore(x: np.ndarray, record: InputNoise) -> np.ndarray:
         amount = np.clip(record.sharpen * gain, 0.0, MAX_SHARPEN)
         if amount.any():
             out = out + amount[:, :, None, None] * (x - gaussian_blur(x, SHARPEN_SIGMA))
-    return out if out is x else out.astype(x.dtype, copy=False)
+    return (out if out is x else out.astype(x.dtype, copy=False)), excess
 
 
 def denoise(x: np.ndarray, floor: float, strength: float) -> np.ndarray:

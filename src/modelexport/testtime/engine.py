@@ -31,7 +31,7 @@ from ..runtime.session import SessionConfig, SessionInfo, create_session
 from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
 from .augment import make_views
-from .denoise import InputNoise, calibrate, measurable, restore
+from .denoise import InputNoise, calibrate, measurable, restore_measured
 from .graph import ModelLike, load_model, mixed_statistics
 from .mcdropout import MCDropoutResult, enable_mc_dropout, mc_summary
 from .memory import StatisticsMemory, StatisticsPrior
@@ -298,14 +298,14 @@ class TestTimeEngine:
             logits = np.stack([t.invert(y, i) for y, t, i in zip(logits, owners, index, strict=True)])
         return logits, len(views), batched
 
-    def _restored(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``feeds`` with the image input denoised and sharpened (``denoise.py``) where the engine has the
-        source's record."""
+    def _restored(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """(``feeds`` with the image input denoised and sharpened (``denoise.py``) where the engine has the
+        source's record, each example's excess noise as given where it was denoised: None otherwise)."""
         noise, x = self._noise, feeds[self.input_name]
         if noise is None or not measurable(x.shape) or not np.issubdtype(x.dtype, np.floating):
-            return feeds
-        out = restore(x, noise)
-        return feeds if out is x else {**feeds, self.input_name: out}
+            return feeds, None
+        out, excess = restore_measured(x, noise)
+        return (feeds if out is x else {**feeds, self.input_name: out}), excess
 
     def run(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> TestTimeResult:
         """Predict one batch with the policy; returns probabilities and what was spent. The adapted model
@@ -319,11 +319,12 @@ class TestTimeEngine:
         stream = stream if stream is not None else Stream()  # no stream: nothing is carried over
         p = self.policy
         if self._prior is not None:
-            return self._correct(stream, self._run_memory(self._restored(feeds), stream, feeds))
+            seen, excess = self._restored(feeds)
+            return self._correct(stream, self._run_memory(seen, stream, feeds, excess))
         if self.adapter is not None and p.batch_statistics and p.label_shift_alpha:
             if len(feeds[self.input_name]) < MIN_BATCH:  # too few examples for their own statistics
                 return self._correct(stream, self._fallback(feeds, stream, "small batch"))
-        seen = self._restored(feeds)  # after the fallback, which serves the source the batch as given
+        seen, _ = self._restored(feeds)  # after the fallback, which serves the source the batch as given
         if p.episodic:  # nothing shared: concurrent calls adapt independently
             before, state = None, self._adapt(seen, stream)
         else:
@@ -377,11 +378,16 @@ class TestTimeEngine:
         return state
 
     def _run_memory(
-        self, feeds: dict[str, np.ndarray], stream: Stream, source_feeds: dict[str, np.ndarray]
+        self,
+        feeds: dict[str, np.ndarray],
+        stream: Stream,
+        source_feeds: dict[str, np.ndarray],
+        excess: np.ndarray | None = None,
     ) -> TestTimeResult:
         """One batch with the memory statistics: one pass predicts and reports every example's statistics
-        (a gradient method's step and a second pass in between); the stream's memory then takes them.
-        ``source_feeds``: the batch as given, for the collapse guard's source model."""
+        (a gradient method's step and a second pass in between); the stream's memory then takes them, with
+        each example's ``excess`` noise (:meth:`_restored`). ``source_feeds``: the batch as given, for the
+        collapse guard's source model."""
         adapter, p = self.adapter, self.policy
         assert adapter is not None
         n = len(feeds[self.input_name])
@@ -395,7 +401,7 @@ class TestTimeEngine:
                 if bank is None:
                     classes_out = logits.shape[1] if logits.ndim == 2 and logits.shape[1] > 1 else 1
                     bank = stream.bank = StatisticsMemory(p.memory_size, stats.shape[1], classes_out)
-                bank.add(stats, classes)
+                bank.add(stats, classes, excess)
                 if stream.labels is None:
                     stream.labels = LabelHistory()
                 stream.labels.push(classes)
