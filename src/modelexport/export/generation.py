@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "WITH_PAST_SUFFIX",
+    "cache_names",
     "GENERATION_CONFIG_FILE",
     "CacheInputs",
     "is_with_past",
@@ -167,7 +168,7 @@ def register_cache_pytree() -> None:
 
 
 # -------------------------------------------------------------------------------------------- inputs
-def _cache_names(layers: int, base: str) -> list[str]:
+def cache_names(layers: int, base: str) -> list[str]:
     """Optimum's names, per layer key then value: ``past_key_values.{i}.key`` in, ``present.{i}.key`` out."""
     return [f"{base}.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
 
@@ -185,7 +186,7 @@ class CacheInputs(ExampleInputs):
 
     @property
     def past_names(self) -> list[str]:
-        return _cache_names(self.layers, "past_key_values")
+        return cache_names(self.layers, "past_key_values")
 
     def forward_kwargs(self) -> dict[str, Any]:
         from transformers.cache_utils import DynamicCache
@@ -288,12 +289,12 @@ def build_with_past_inputs(module: torch.nn.Module, cfg: ExportConfig) -> CacheI
         tensors["attention_mask"] = torch.ones(BATCH, PAST + NEW, dtype=torch.int64)
     if "position_ids" in params:
         tensors["position_ids"] = torch.arange(PAST, PAST + NEW).expand(BATCH, NEW).contiguous()
-    past_names = _cache_names(layers, "past_key_values")
+    past_names = cache_names(layers, "past_key_values")
     tensors.update({n: t.detach().clone() for n, t in zip(past_names, flat, strict=True)})
     specs = _specs(tensors, past_names, vocab)
     order = [n for p in params for n in (past_names if p == cache_arg else [p]) if n in tensors]
     specs.sort(key=lambda s: order.index(s.name))  # graph inputs follow the flattened forward() arguments
-    outputs = ("logits", *_cache_names(layers, "present"))
+    outputs = ("logits", *cache_names(layers, "present"))
     return CacheInputs(
         tuple(specs), tensors, outputs, layers=layers, cache_layout=cache_layout(cache), cache_arg=cache_arg
     )

@@ -48,7 +48,14 @@ from ..inference.multimodal import (
 )
 from ..metadata.tasks import normalize_task
 from .config import ExportConfig, InputSpec
-from .generation import cache_layout, dynamic_cache, dynamic_cache_leaves, is_with_past, register_cache_pytree
+from .generation import (
+    cache_layout,
+    cache_names,
+    dynamic_cache,
+    dynamic_cache_leaves,
+    is_with_past,
+    register_cache_pytree,
+)
 from .inputs import forward_parameters
 from .seq2seq import refuse_graph_set_options
 from .steps import StepFn, StepInputs
@@ -656,7 +663,7 @@ def _merged_decoder_graph(
         raise ExportError(f"the example prompt has only {length} tokens; too short for a cached step")
     flat = _prefill(module, split, _decoder_kwargs(split, ex, 0, past))
     layers = len(flat) // 2
-    names = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    names = cache_names(layers, "past_key_values")
     empty = {
         n: torch.zeros((*t.shape[:2], 0, t.shape[3]), dtype=t.dtype) for n, t in zip(names, flat, strict=True)
     }
@@ -683,7 +690,7 @@ def _merged_decoder_graph(
     ]
     axes = _decoder_axes(split, ex.positions, with_past=True)
     axes.update({n: {0: "batch_size", 2: "past_sequence_length"} for n in names})
-    outputs = ("logits", *(f"present.{i}.{kind}" for i in range(layers) for kind in ("key", "value")))
+    outputs = ("logits", *cache_names(layers, "present"))
     cache = dynamic_cache(flat, layers)
     record = {
         **record,
