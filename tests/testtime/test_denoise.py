@@ -74,10 +74,29 @@ def test_restoration_reports_each_examples_noise_above_the_floor() -> None:
     noisy, _ = _step_image(0.3, seed=1)
     x = np.concatenate([clean, noisy])
     ratio = float(noise_ratio(noisy)[0, 0])
-    out, excess = restore_measured(x, InputNoise(0.5 * ratio, 2.0, 0))
+    out, excess, deficit = restore_measured(x, InputNoise(0.5 * ratio, 2.0, 0))
     np.testing.assert_array_equal(out, restore(x, InputNoise(0.5 * ratio, 2.0, 0)))
     np.testing.assert_allclose(excess, [0.0, 0.75 * ratio**2], rtol=1e-6)
+    assert deficit is None  # denoising only
     assert restore_measured(x, InputNoise(0.0, 0.0, 0, 0.9, 1.0))[1] is None  # sharpening only
+
+
+@pytest.mark.smoke
+def test_restoration_reports_each_examples_missing_detail() -> None:
+    """What the sharpening gives back, read before it: the share of the floor's squared detail an example
+    lacks, 0 for one as sharp as the floor or sharper; none where the record sharpens nothing."""
+    clean, _ = _step_image(0.0)
+    textured = (clean + 0.3 * np.random.default_rng(2).random(clean.shape)).astype(np.float32)
+    x = np.concatenate([textured, gaussian_blur(textured, 1.0)])
+    floor = float(sharpness(textured)[0, 0])
+    record = InputNoise(0.0, 0.0, 0, floor, 1.0)
+    out, excess, deficit = restore_measured(x, record)
+    np.testing.assert_array_equal(out, restore(x, record))
+    assert excess is None
+    blurred = float(sharpness(x[1:])[0, 0])
+    np.testing.assert_allclose(deficit, [0.0, 1.0 - (blurred / floor) ** 2], rtol=1e-5, atol=1e-7)
+    assert 0.5 < deficit[1] < 1.0  # this blur takes most of the finest detail
+    assert restore_measured(x, InputNoise(0.1, 2.0, 0))[2] is None
 
 
 @pytest.mark.smoke

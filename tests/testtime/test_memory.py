@@ -14,7 +14,7 @@ from modelexport.testtime import POLICY_PRESETS, STATISTICS, BNAdapter, TestTime
 from modelexport.testtime.adapt import channel_stats
 from modelexport.testtime.corruptions import corrupt
 from modelexport.testtime.graph import SAMPLE_STATS, mix_variance_gate, mix_weight, mixed_statistics
-from modelexport.testtime.memory import NOISE_GATE, StatisticsMemory, balanced_keep
+from modelexport.testtime.memory import BLUR_GATE, NOISE_GATE, SHUT_PRIOR, StatisticsMemory, balanced_keep
 from modelexport.testtime.streams import CollapseGuard
 from modelexport.testtime.tail import STEP_EXAMPLES
 from tests.testtime.robustness import run_stream
@@ -54,10 +54,11 @@ def test_memory_keeps_every_class_its_share_and_the_newest() -> None:
     one_at_a_time, batched = StatisticsMemory(8, 2, 3), StatisticsMemory(8, 2, 3)
     labels = np.array([i % 3 for i in range(20)] + [0] * 10)  # three classes, then one class floods
     rows = np.arange(60, dtype=np.float64).reshape(30, 2)
-    noise = rows[:, 0] / 100.0  # each example's excess noise travels with its entry
-    for row, label, level in zip(rows, labels, noise, strict=True):
-        one_at_a_time.add(row[None], np.array([label]), np.array([level]))
-    batched.add(rows, labels, noise)
+    noise = rows[:, 0] / 100.0  # each example's excess noise and detail deficit travel with its entry
+    deficit = rows[:, 1] / 200.0
+    for row, label, level, lack in zip(rows, labels, noise, deficit, strict=True):
+        one_at_a_time.add(row[None], np.array([label]), np.array([level]), np.array([lack]))
+    batched.add(rows, labels, noise, deficit)
     for memory in (one_at_a_time, batched):
         counts = np.bincount(memory.classes[: memory.size], minlength=3)
         assert memory.size == 8 and sorted(counts) == [2, 3, 3] and memory.distinct == 3
@@ -65,6 +66,8 @@ def test_memory_keeps_every_class_its_share_and_the_newest() -> None:
         np.testing.assert_allclose(memory.moments(), memory.stats[: memory.size].mean(axis=0))
         np.testing.assert_allclose(memory.noise[: memory.size], memory.stats[: memory.size, 0] / 100.0)
         assert memory.noise_level == pytest.approx(memory.stats[: memory.size, 0].mean() / 100.0)
+        np.testing.assert_allclose(memory.deficit[: memory.size], memory.stats[: memory.size, 1] / 200.0)
+        assert memory.deficit_level == pytest.approx(memory.stats[: memory.size, 1].mean() / 200.0)
         for c in range(3):  # the newest of each class are the ones kept
             kept = np.sort(memory.ages[: memory.size][memory.classes[: memory.size] == c])
             assert list(kept) == sorted(np.flatnonzero(labels == c) + 1)[-len(kept) :]
@@ -89,7 +92,7 @@ def test_the_memory_keeps_what_balanced_keep_keeps_of_its_entries_and_a_batch() 
                 rng.integers(0, classes, n) if rng.random() < 0.5 else np.full(n, rng.integers(0, classes))
             )
             new_rows = rng.standard_normal((n, 2))
-            memory.add(new_rows, batch, new_rows[:, 1] ** 2)
+            memory.add(new_rows, batch, new_rows[:, 1] ** 2, np.abs(new_rows[:, 0]))
             labels, rows = np.concatenate([labels, batch]), np.concatenate([rows, new_rows])
             ages, clock = np.concatenate([ages, clock + 1 + np.arange(n)]), clock + n
             if len(labels) > capacity:
@@ -100,6 +103,7 @@ def test_the_memory_keeps_what_balanced_keep_keeps_of_its_entries_and_a_batch() 
             np.testing.assert_array_equal(memory.classes[: memory.size][held], labels)
             np.testing.assert_allclose(memory.moments(), rows.mean(axis=0), rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(memory.noise_level, (rows[:, 1] ** 2).mean(), rtol=1e-12)
+            np.testing.assert_allclose(memory.deficit_level, np.abs(rows[:, 0]).mean(), rtol=1e-12)
             assert memory.distinct == len(np.unique(labels))
 
 
@@ -139,6 +143,24 @@ def test_blend_is_the_mixture_with_the_source_and_deep_layers_weigh_coverage(dig
         np.testing.assert_allclose(var[part], want_var, rtol=1e-10)
 
 
+def _damped(opened: float) -> float:
+    """The deep layers' coverage factor on a class-ordered stream at the given openness: the source counts
+    ``1 + (SHUT_PRIOR - 1) * (1 - opened)`` times, the coverage enters squared."""
+    return 1.0 / np.sqrt(1.0 + (SHUT_PRIOR - 1.0) * (1.0 - opened))
+
+
+def _class_sorted_memory(prior: Any, s: int, measured: bool = True) -> tuple[StatisticsMemory, np.ndarray]:
+    """Four classes seen (30 entries each) and five strays (one mispredicted entry each); ``measured``: with
+    readings of a restoration that took nothing out (a clean stream of a model with its source's record)."""
+    rng = np.random.default_rng(0)
+    labels = np.array([0] * 30 + [1] * 30 + [2] * 30 + [3] * 30 + [4, 5, 6, 7, 8])
+    means = prior.mean + rng.normal(size=(len(labels), s)) * np.sqrt(prior.var)
+    memory = StatisticsMemory(128, 2 * s, 10)
+    readings = np.zeros(len(labels)) if measured else None
+    memory.add(np.concatenate([means, means**2 + prior.var], axis=1), labels, readings, readings)
+    return memory, labels
+
+
 @pytest.mark.must
 def test_stray_predictions_count_as_classes_only_by_their_support_on_a_class_ordered_stream(
     digits_export: Any,
@@ -147,32 +169,52 @@ def test_stray_predictions_count_as_classes_only_by_their_support_on_a_class_ord
     entry each, which the balanced memory keeps). Counted plainly it covers nine classes of ten and the deep
     layers would follow it almost fully; counted by support (a class covered once it holds half its fair share,
     6.4 of 128 entries over 10 classes) it covers 4.8 -- what the deep layers weigh it by while the stream's
-    labels arrive correlated and the stem's gate is shut. An open gate (a measured shift), an uncorrelated
-    stream (uneven predictions of an i.i.d. one) or no gate keep the plain count."""
+    labels arrive correlated and the stem's gate is shut, with the source counting ``SHUT_PRIOR`` times (the
+    coverage halved) where the inputs' restoration reports what it took out (nothing here). An open gate (a
+    measured shift), an uncorrelated stream (uneven predictions of an i.i.d. one) or no gate keep the plain
+    count and the source's strength; a memory without those readings (a model without its source's record,
+    whose shut gate may hide a shift the stem barely sees) keeps the source's strength."""
     adapter = BNAdapter(digits_export.onnx_path)
     prior, ungated = adapter.prior(16.0, 64.0, gate=0.1), adapter.prior(16.0, 64.0)
     s = len(prior.mean)
-    rng = np.random.default_rng(0)
-    labels = np.array([0] * 30 + [1] * 30 + [2] * 30 + [3] * 30 + [4, 5, 6, 7, 8])
-    means = prior.mean + rng.normal(size=(len(labels), s)) * np.sqrt(prior.var)
-    memory = StatisticsMemory(128, 2 * s, 10)
-    memory.add(np.concatenate([means, means**2 + prior.var], axis=1), labels)
+    memory, labels = _class_sorted_memory(prior, s)
     assert memory.coverage == pytest.approx(0.9)
     assert memory.support == pytest.approx((4 + 5 / 6.4) / 10)
-    assert prior.coverage(memory, [0.0]) == pytest.approx(memory.support)
+    assert prior.coverage(memory, [0.0]) == pytest.approx(memory.support / 2)
     assert prior.coverage(memory, [1.0]) == memory.coverage
-    assert prior.coverage(memory, [0.5]) == pytest.approx((memory.coverage + memory.support) / 2)
+    assert prior.coverage(memory, [0.5]) == pytest.approx(
+        (memory.coverage + memory.support) / 2 * _damped(0.5)
+    )
     assert prior.coverage(memory, [0.0], correlated=False) == memory.coverage
     assert ungated.coverage(memory, None) == memory.coverage
+    unmeasured, _ = _class_sorted_memory(prior, s, measured=False)
+    assert not unmeasured.measured and prior.coverage(unmeasured, [0.0]) == pytest.approx(memory.support)
     deep = slice(adapter.channels[1].start, s)
     m = memory.moments()[:s]
-    for coverage, gates in ((memory.support, [0.0]), (memory.coverage, [1.0])):
+    for coverage, gates in ((memory.support / 2, [0.0]), (memory.coverage, [1.0])):
         count = len(labels) * coverage**2
         w = count / (count + 64.0)
         mean, _ = prior.blend(memory, gates)
         np.testing.assert_allclose(
             mean[deep], prior.mean[deep] + w * (m[deep] - prior.mean[deep]), rtol=1e-10
         )
+
+
+@pytest.mark.must
+def test_the_detail_the_sharpening_gave_back_releases_the_deep_layers_source(digits_export: Any) -> None:
+    """A blurred stream whose sharpening left the stem's statistics at the source's: its entries' detail
+    deficit as given gives the deep layers back the source's own strength as it rises from ``BLUR_GATE`` to
+    twice that, and leaves the gates (the plain count, the stem's variances) as they are."""
+    adapter = BNAdapter(digits_export.onnx_path)
+    prior = adapter.prior(16.0, 64.0, gate=0.1)
+    s = len(prior.mean)
+    plain, _ = _class_sorted_memory(prior, s)
+    for level, released in ((0.0, 0.0), (BLUR_GATE, 0.0), (1.5 * BLUR_GATE, 0.5), (2 * BLUR_GATE, 1.0)):
+        memory = StatisticsMemory(128, 2 * s, 10)
+        memory.add(plain.stats[: plain.size], plain.classes[: plain.size], None, np.full(plain.size, level))
+        assert memory.deficit_level == pytest.approx(level)
+        assert prior.gates(memory) == prior.gates(plain)  # the gates do not read it
+        assert prior.coverage(memory, [0.0]) == pytest.approx(memory.support * _damped(released))
 
 
 @pytest.mark.must
@@ -220,7 +262,8 @@ def test_the_shift_gate_keeps_the_stem_variances_until_the_memory_moves_away(
 ) -> None:
     """The gate measures the variance part of KL(memory || source) per stem channel: a memory drawn with the
     source's own variances keeps it shut (the stem's variances stay the source's, its means blend as before,
-    deep layers blend as before); one whose stem variance dropped to a fifth (a contrast loss) opens it fully.
+    deep layers blend as before on an i.i.d. stream); one whose stem variance dropped to a fifth (a contrast
+    loss) opens it fully.
     In the graph, the variance gate input at 0 mixes the batch into the mean only."""
     adapter = BNAdapter(digits_export.onnx_path)
     prior, ungated = adapter.prior(16.0, 64.0, gate=0.1), adapter.prior(16.0, 64.0)
@@ -234,18 +277,21 @@ def test_the_shift_gate_keeps_the_stem_variances_until_the_memory_moves_away(
         means = prior.mean + 0.5 * np.sqrt(prior.var) + rng.normal(size=(128, s)) * np.sqrt(var) * 0.3
         squares = means**2 + var * (1 - 0.09)  # pooled variance: var (between examples 9%, within the rest)
         bank = StatisticsMemory(128, 2 * s, 10)
-        bank.add(np.concatenate([means, squares], axis=1), np.arange(128) % 10)
+        bank.add(np.concatenate([means, squares], axis=1), np.arange(128) % 10, np.zeros(128))  # measured
         return bank
 
     clean, shifted = memory(1.0), memory(0.2)
     assert prior.shift(clean)[0] < 0.02 and prior.gates(clean) == [0.0]
     assert prior.shift(shifted)[0] > 0.3 and prior.gates(shifted) == [1.0]
-    mean, var = prior.blend(clean, prior.gates(clean))
+    mean, var = prior.blend(clean, prior.gates(clean), correlated=False)  # an i.i.d. stream
     free_mean, free_var = ungated.blend(clean)
     np.testing.assert_allclose(var[stem], prior.var[stem], rtol=1e-12)  # shut: the source's variances
     assert not np.allclose(mean[stem], prior.mean[stem])  # the means follow the memory
     np.testing.assert_allclose(mean, free_mean, rtol=1e-12)
     np.testing.assert_allclose(var[stem.stop :], free_var[stem.stop :], rtol=1e-9)  # deep: as without a gate
+    ordered = prior.blend(clean, prior.gates(clean))[0]  # a class-ordered one: deep layers nearer the source
+    deep = slice(stem.stop, s)
+    assert np.abs(ordered[deep] - prior.mean[deep]).sum() < np.abs(mean[deep] - prior.mean[deep]).sum()
     opened = prior.blend(shifted, prior.gates(shifted))
     np.testing.assert_allclose(opened[1], ungated.blend(shifted)[1], rtol=1e-9)
     feeds = {"x": digits.x_test[:40], mix_weight(0): np.asarray(1.0, np.float32)}

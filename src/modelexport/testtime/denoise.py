@@ -227,14 +227,19 @@ def restore(x: np.ndarray, record: InputNoise) -> np.ndarray:
     return restore_measured(x, record)[0]
 
 
-def restore_measured(x: np.ndarray, record: InputNoise) -> tuple[np.ndarray, np.ndarray | None]:
-    """(:func:`restore`'s output, each example's *excess noise*: its squared noise ratio above the floor's
-    square, the share of its variance that is noise beyond the source's, averaged over its channels (N,)),
-    the excess None where the record denoises nothing. What the denoising takes out of an example no
-    statistics downstream can see any more; the adaptation reads it here (``memory.NOISE_GATE``)."""
-    out, excess = x, None
+def restore_measured(
+    x: np.ndarray, record: InputNoise
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """(:func:`restore`'s output, each example's *excess noise*, each example's *detail deficit*), the readings
+    (N,) as given, averaged over its channels: the excess noise is its squared noise ratio above the floor's
+    square (the share of its variance that is noise beyond the source's), None where the record denoises
+    nothing; the detail deficit is the share of the sharpness floor's squared detail it lacks, ``1 -
+    (sharpness / sharp_floor)^2`` above 0, None where the record sharpens nothing. What the restoration takes
+    out of an example no statistics downstream can see any more; the adaptation reads it here
+    (``memory.NOISE_GATE``, ``memory.BLUR_GATE``)."""
+    out, excess, deficit = x, None, None
     if not (record.strength or (record.sharpen and record.sharp_floor)):
-        return out, excess
+        return out, excess, deficit
     ratio, sharp = _readings(x)
     if record.strength:
         share = np.maximum(ratio**2 - record.floor**2, 0.0)
@@ -243,11 +248,13 @@ def restore_measured(x: np.ndarray, record: InputNoise) -> tuple[np.ndarray, np.
         if weight.any():  # every example through the blur: a weight of 0 leaves it exactly as it was
             out = out + weight[:, :, None, None] * (gaussian_blur(x, BLUR_SIGMA) - x)
     if record.sharpen and record.sharp_floor:
+        detail = sharp / record.sharp_floor
+        deficit = np.where(sharp > 0, np.maximum(1.0 - detail * detail, 0.0), 0.0).mean(axis=1)
         gain = np.divide(record.sharp_floor, sharp, out=np.ones_like(sharp), where=sharp > 0) - 1.0
         amount = np.clip(record.sharpen * gain, 0.0, MAX_SHARPEN)
         if amount.any():
             out = out + amount[:, :, None, None] * (x - gaussian_blur(x, SHARPEN_SIGMA))
-    return (out if out is x else out.astype(x.dtype, copy=False)), excess
+    return (out if out is x else out.astype(x.dtype, copy=False)), excess, deficit
 
 
 def denoise(x: np.ndarray, floor: float, strength: float) -> np.ndarray:

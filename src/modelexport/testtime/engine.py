@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = ["REFRESH_EXAMPLES", "TestTimeEngine", "TestTimeResult", "Stream", "calibrate_restoration"]
 
+#: Each example's excess noise and detail deficit as given (``denoise.restore_measured``; None: not read).
+Readings = tuple[np.ndarray | None, np.ndarray | None]
+
 #: Examples a stream's memory takes before its blended statistics are recomputed (every batch of 8 or more).
 REFRESH_EXAMPLES = 8
 
@@ -298,14 +301,15 @@ class TestTimeEngine:
             logits = np.stack([t.invert(y, i) for y, t, i in zip(logits, owners, index, strict=True)])
         return logits, len(views), batched
 
-    def _restored(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    def _restored(self, feeds: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], Readings]:
         """(``feeds`` with the image input denoised and sharpened (``denoise.py``) where the engine has the
-        source's record, each example's excess noise as given where it was denoised: None otherwise)."""
+        source's record, each example's excess noise and detail deficit as given where it was denoised and
+        sharpened: None otherwise)."""
         noise, x = self._noise, feeds[self.input_name]
         if noise is None or not measurable(x.shape) or not np.issubdtype(x.dtype, np.floating):
-            return feeds, None
-        out, excess = restore_measured(x, noise)
-        return (feeds if out is x else {**feeds, self.input_name: out}), excess
+            return feeds, (None, None)
+        out, excess, deficit = restore_measured(x, noise)
+        return (feeds if out is x else {**feeds, self.input_name: out}), (excess, deficit)
 
     def run(self, feeds: dict[str, np.ndarray], stream: Stream | None = None) -> TestTimeResult:
         """Predict one batch with the policy; returns probabilities and what was spent. The adapted model
@@ -319,8 +323,8 @@ class TestTimeEngine:
         stream = stream if stream is not None else Stream()  # no stream: nothing is carried over
         p = self.policy
         if self._prior is not None:
-            seen, excess = self._restored(feeds)
-            return self._correct(stream, self._run_memory(seen, stream, feeds, excess))
+            seen, readings = self._restored(feeds)
+            return self._correct(stream, self._run_memory(seen, stream, feeds, readings))
         if self.adapter is not None and p.batch_statistics and p.label_shift_alpha:
             if len(feeds[self.input_name]) < MIN_BATCH:  # too few examples for their own statistics
                 return self._correct(stream, self._fallback(feeds, stream, "small batch"))
@@ -382,12 +386,12 @@ class TestTimeEngine:
         feeds: dict[str, np.ndarray],
         stream: Stream,
         source_feeds: dict[str, np.ndarray],
-        excess: np.ndarray | None = None,
+        readings: Readings = (None, None),
     ) -> TestTimeResult:
         """One batch with the memory statistics: one pass predicts and reports every example's statistics
         (a gradient method's step and a second pass in between); the stream's memory then takes them, with
-        each example's ``excess`` noise (:meth:`_restored`). ``source_feeds``: the batch as given, for the
-        collapse guard's source model."""
+        each example's excess noise and detail deficit (``readings``, :meth:`_restored`). ``source_feeds``:
+        the batch as given, for the collapse guard's source model."""
         adapter, p = self.adapter, self.policy
         assert adapter is not None
         n = len(feeds[self.input_name])
@@ -401,7 +405,7 @@ class TestTimeEngine:
                 if bank is None:
                     classes_out = logits.shape[1] if logits.ndim == 2 and logits.shape[1] > 1 else 1
                     bank = stream.bank = StatisticsMemory(p.memory_size, stats.shape[1], classes_out)
-                bank.add(stats, classes, excess)
+                bank.add(stats, classes, *readings)
                 if stream.labels is None:
                     stream.labels = LabelHistory()
                 stream.labels.push(classes)
