@@ -397,11 +397,14 @@ class StatisticsPrior:
         if not self.gated or gates is None:
             return memory.coverage
         g = max(gates, default=0.0)
-        if g >= 1.0 or not (correlated() if callable(correlated) else correlated):
+        if g >= 1.0:
             return memory.coverage
-        count = min(
-            memory.coverage, memory.support if g <= 0.0 else g * memory.coverage + (1.0 - g) * memory.support
-        )
+        support = memory.support
+        if support >= memory.coverage and not memory.measured:  # nothing to count differently: no test
+            return memory.coverage
+        if not (correlated() if callable(correlated) else correlated):
+            return memory.coverage
+        count = min(memory.coverage, support if g <= 0.0 else g * memory.coverage + (1.0 - g) * support)
         if not memory.measured:  # the gate alone: a shift the stem barely sees keeps it shut
             return count
         seen = max(g, min(1.0, max(0.0, memory.deficit_level / BLUR_GATE - 1.0)))
