@@ -217,10 +217,9 @@ class StatisticsMemory:
         deficit: np.ndarray | None = None,
     ) -> None:
         """Add examples' rows (N, width) with their predicted classes (N,), excess noise and detail deficit
-        (N,; None: 0):
-        what :func:`balanced_keep` keeps of the entries and the new examples, found per class (each class's
-        oldest entries are the ones dropped), so a full memory costs O(new rows + classes) per batch, not a
-        sort of its capacity."""
+        (N,; None: 0, and the memory not ``measured`` by them): what :func:`balanced_keep` keeps of the entries
+        and the new examples, found per class (each class's oldest entries are the ones dropped), so a full
+        memory costs O(new rows + classes) per batch, not a sort of its capacity."""
         n = len(classes)
         self.measured = self.measured or noise is not None or deficit is not None
         if n == 1 and self.size == self.capacity:
