@@ -106,6 +106,11 @@ SHUT_PRIOR = 4.0
 SMALL_CLASSES = 32
 
 
+def _opening(reading: float, threshold: float) -> float:
+    """How open a gate is at ``reading``: shut up to ``threshold``, rising linearly to fully open at twice it."""
+    return min(1.0, max(0.0, reading / threshold - 1.0))
+
+
 def _water_level(counts: np.ndarray, capacity: int) -> np.ndarray:
     """Each class's share of ``capacity`` slots: classes with fewer entries keep all, the rest an equal level
     (the slots left over by rounding go to the largest classes)."""
@@ -377,8 +382,8 @@ class StatisticsPrior:
         means follow), rising linearly to 1 at twice that (a contrast, blur or noise shift) -- or as the
         entries' excess noise rises from ``NOISE_GATE`` to twice that, the shift the input denoising took
         out of the stem's sight, whichever is more open."""
-        noise = min(1.0, max(0.0, memory.noise_level / NOISE_GATE - 1.0))
-        return [max(noise, min(1.0, max(0.0, shift / self.gate - 1.0))) for shift in self.shift(memory)]
+        noise = _opening(memory.noise_level, NOISE_GATE)
+        return [max(noise, _opening(shift, self.gate)) for shift in self.shift(memory)]
 
     def coverage(
         self,
@@ -406,7 +411,7 @@ class StatisticsPrior:
         count = min(memory.coverage, support if g <= 0.0 else g * memory.coverage + (1.0 - g) * support)
         if not memory.measured:  # the gate alone: a shift the stem barely sees keeps it shut
             return count
-        seen = max(g, min(1.0, max(0.0, memory.deficit_level / BLUR_GATE - 1.0)))
+        seen = max(g, _opening(memory.deficit_level, BLUR_GATE))
         return count / math.sqrt(1.0 + (SHUT_PRIOR - 1.0) * (1.0 - seen))
 
     def blend(
