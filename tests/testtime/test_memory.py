@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from modelexport._numeric import softmax
 from modelexport.errors import TestTimeError
 from modelexport.testtime import POLICY_PRESETS, STATISTICS, BNAdapter, TestTimeEngine, TestTimePolicy
 from modelexport.testtime.adapt import channel_stats
@@ -318,6 +319,39 @@ def test_the_input_noise_the_denoising_took_out_opens_the_gates(digits_export: A
         memory.add(rows, np.arange(128) % 10, None if level is None else np.full(128, level))
         assert prior.shift(memory)[0] < 1e-6
         assert prior.gates(memory) == pytest.approx([opened])
+
+
+@pytest.mark.must
+def test_a_streams_first_batch_measures_its_own_shift(digits_export: Any, digits: Any) -> None:
+    """A stream's first batch has no memory to measure a shift on: its stem variances stay the source's while
+    the batch's own statistics are within the gate (one class of clean digits, as a class-sorted stream
+    begins), and follow the batch where they are not (a contrast loss; the gates as a memory of that batch
+    would read them, its excess noise aside). ``shift_gate=0`` keeps the old first batch: the batch's own."""
+    engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
+    adapter, prior = engine.adapter, engine._prior
+    assert adapter is not None and prior is not None and prior.gated == [adapter.channels[0]]
+    one_class = digits.x_test[digits.y_test == 3][:40]
+    contrast = corrupt(digits.x_test[:40], "contrast", 4, seed=0)
+
+    def served(x: np.ndarray, gate: float) -> np.ndarray:
+        feeds = {"x": x, mix_weight(0): np.asarray(40 / (40 + 16), np.float32)}
+        feeds[mix_variance_gate(0)] = np.asarray(gate, np.float32)
+        return softmax(adapter.run(feeds, None, [engine.output_name])[0], -1)
+
+    for x, gate in ((one_class, 0.0), (contrast, 1.0)):
+        rows = adapter.run({"x": x}, None, [SAMPLE_STATS])[0].reshape(len(x), -1)
+        assert prior.first_gates(rows) == [gate]
+        memory = StatisticsMemory(128, rows.shape[1], 10)
+        memory.add(rows, np.arange(len(x)) % 10, np.full(len(x), 4 * NOISE_GATE))  # noisy, as read
+        assert prior.shift(rows) == pytest.approx(prior.shift(memory))  # rows or a memory of them: one shift
+        assert prior.gates(memory) == [1.0]  # a memory's gates read the noise; the first batch's do not
+        first = engine.predict({"x": x}, engine.new_stream())
+        np.testing.assert_allclose(first, served(x, gate), rtol=1e-5, atol=1e-6)
+    ungated = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn", shift_gate=0.0))
+    np.testing.assert_allclose(
+        ungated.predict({"x": one_class}), served(one_class, 1.0), rtol=1e-5, atol=1e-6
+    )
+    assert not np.allclose(served(one_class, 0.0), served(one_class, 1.0), atol=1e-3)
 
 
 @pytest.mark.sanity

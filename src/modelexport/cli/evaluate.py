@@ -121,8 +121,9 @@ def _table(result: EvaluationResult) -> str:
     show_default=True,
     help="--statistics memory: the stem BN layers' variances adapt only once the memory's are this far from the "
     "source's (nats a channel; fully from twice it; 0: always), or once the inputs --denoise cleans were noisy "
-    "(their excess noise); their means always follow. While it is shut on a class-ordered stream of a model "
-    "whose inputs are restored, the deeper layers' source counts 4 times (0: neither).",
+    "(their excess noise); their means always follow; a stream's first batch measures it on itself. While it is "
+    "shut on a class-ordered stream of a model whose inputs are restored, the deeper layers' source counts 4 times "
+    "(0: neither).",
 )
 @click.option(
     "--denoise",

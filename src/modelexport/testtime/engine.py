@@ -8,9 +8,9 @@ never modified: an adaptation lives in a :class:`Stream` the caller holds (``eng
 client, the engine keeps none), so concurrent callers are isolated. A call without a stream starts from the
 source and keeps nothing.
 
-The default (``statistics="memory"``) costs one ONNX Runtime pass: the pass that predicts also reports every
-example's BN statistics into the stream's class-balanced memory (``memory.py``), and its stem BN layers mix
-in the batch's own statistics. The collapse guard runs the source model only while the adapted predictions
+The default (``statistics="memory"``) costs one ONNX Runtime pass (two on a stream's first batch where its
+statistics show a shift): the pass that predicts also reports every example's BN statistics into the stream's
+class-balanced memory (``memory.py``), and its stem BN layers mix in the batch's own statistics. The collapse guard runs the source model only while the adapted predictions
 look collapsed.
 """
 
@@ -345,11 +345,13 @@ class TestTimeEngine:
         n: int,
         affine: BNState | None,
         labels: LabelHistory | None = None,
+        first: list[float] | None = None,
     ) -> BNState:
         """The robust statistics for a batch of ``n``: the source blended with the memory in every layer, and
         the batch's own mixed into the stem layers (weights: examples; the source counts ``stem_prior``);
         ``labels``: the stream's predicted classes, whose time correlation sets how the deep layers count the
-        memory's classes (:meth:`StatisticsPrior.coverage`)."""
+        memory's classes (:meth:`StatisticsPrior.coverage`); ``first``: with no memory, the stem variances'
+        gates (:meth:`StatisticsPrior.first_gates`; None: open)."""
         adapter, prior = self.adapter, self._prior
         assert adapter is not None and prior is not None
         count = bank.size if bank is not None else 0
@@ -361,7 +363,7 @@ class TestTimeEngine:
             mean, var = prior.blend(bank, gates, correlated)  # type: ignore[arg-type]
             state = adapter.statistics_feeds(mean, var, weight, gates)
         else:
-            state = adapter.statistics_feeds(None, None, weight)
+            state = adapter.statistics_feeds(None, None, weight, first)
         if affine:
             state.update(affine)
         return state
@@ -391,15 +393,28 @@ class TestTimeEngine:
         """One batch with the memory statistics: one pass predicts and reports every example's statistics
         (a gradient method's step and a second pass in between); the stream's memory then takes them, with
         each example's excess noise and detail deficit (``readings``, :meth:`_restored`). ``source_feeds``:
-        the batch as given, for the collapse guard's source model."""
-        adapter, p = self.adapter, self.policy
-        assert adapter is not None
+        the batch as given, for the collapse guard's source model.
+
+        A stream's first batch has no memory to measure a shift on: its stem variances stay the source's
+        unless the batch's own statistics show one (:meth:`StatisticsPrior.first_gates`), and then it runs a
+        second time with them: with the gates open by default, a class-ordered stream's first batch, one
+        class, normalised its class away in the stem (``memory.py``)."""
+        adapter, p, prior = self.adapter, self.policy, self._prior
+        assert adapter is not None and prior is not None
         n = len(feeds[self.input_name])
         with stream.lock:
             continual = not p.episodic
             bank = stream.bank if continual else None
-            state = self._statistics(stream, n) if continual else self._memory_state(None, n, None)
+            affine = stream.state
+            first = continual and bank is None and bool(prior.gated)
+            if first:
+                state = self._memory_state(None, n, affine, first=[0.0] * len(prior.gated))
+            else:
+                state = self._statistics(stream, n) if continual else self._memory_state(None, n, None)
             logits, stats, state = self._adapted_pass(feeds, state, stream)
+            if first and any(gates := prior.first_gates(stats)):
+                state = self._memory_state(None, n, affine, first=gates)
+                logits, stats, _ = adapter.run_with_statistics(feeds, state, self.output_name)
             classes = _classes(logits)
             if continual:
                 if bank is None:

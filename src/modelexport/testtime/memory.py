@@ -24,7 +24,11 @@ Hence the *shift gate* (``gate``, :meth:`StatisticsPrior.gates`): the stem layer
 memory's variances are more than ``gate`` nats a channel (the variance part of the Gaussians' KL divergence) from
 the source's, fully from twice that; their means always follow. On that network the stem means cost nothing and
 the stem variances all of the 1.4 points; a contrast or blur shift moves the variances by 0.12-1.1 nats, clean
-data by 0.005-0.07 (the tuning networks).
+data by 0.005-0.07 (the tuning networks). A stream's first batch has no memory to measure on; with the gates
+open there, a class-ordered stream's first batch, one class, normalised its class away in the stem's variances
+(the batch counts ``n / (n + stem_prior)`` of them: 71% at 40). It reads its own shift instead
+(:meth:`StatisticsPrior.first_gates`), without the excess noise below: a shift the stem cannot see is no
+reason to follow one batch's stem variances.
 
 What the deep layers trust: the memory's class *coverage* counts the classes it holds, and a class-sorted
 stream's stray predictions inflated it -- the balanced memory keeps a class's one or two mispredicted entries
@@ -364,11 +368,12 @@ class StatisticsPrior:
         #: Each gated layer's mean squares in a memory row (after the means of every channel).
         self._gated_squares = [slice(len(mean) + p.start, len(mean) + p.stop) for p in self.gated]
 
-    def shift(self, memory: StatisticsMemory) -> list[float]:
-        """Per gated layer: how far the memory's pooled variances are from the source's, the mean over the
-        layer's channels of the variance part of KL(memory || source) for Gaussians, ``(r - 1 - log r) / 2``
-        with ``r`` the variance ratio (nats; 0 when they are the source's)."""
-        moments = memory.moments()
+    def shift(self, memory: StatisticsMemory | np.ndarray) -> list[float]:
+        """Per gated layer: how far the pooled variances of a memory (or of rows of examples' statistics, N x
+        width) are from the source's, the mean over the layer's channels of the variance part of KL(memory ||
+        source) for Gaussians, ``(r - 1 - log r) / 2`` with ``r`` the variance ratio (nats; 0 when they are the
+        source's)."""
+        moments = memory.mean(axis=0) if isinstance(memory, np.ndarray) else memory.moments()
         out = []
         for part, squares, source in zip(self.gated, self._gated_squares, self._gated_var, strict=True):
             mean = moments[part]
@@ -384,6 +389,12 @@ class StatisticsPrior:
         out of the stem's sight, whichever is more open."""
         noise = _opening(memory.noise_level, NOISE_GATE)
         return [max(noise, _opening(shift, self.gate)) for shift in self.shift(memory)]
+
+    def first_gates(self, stats: np.ndarray) -> list[float]:
+        """The gates of a stream's first batch (its examples' statistics, N x width), which has no memory to
+        measure on: its own shift alone. The entries' excess noise is not read here: a shift the stem cannot
+        see is no reason to follow one batch's stem variances, and a class-ordered batch is one class."""
+        return [_opening(shift, self.gate) for shift in self.shift(stats)]
 
     def coverage(
         self,

@@ -113,9 +113,10 @@ class TestTimePolicy:
     deep_prior: float = 64.0
     #: memory: the stem layers' variances adapt only once the memory's differ from the source's by more than
     #: this (nats a channel: the variance part of the KL divergence; fully from twice it); their means always
-    #: follow; the excess noise the input denoising takes out opens it too (``memory.NOISE_GATE``). A clean
-    #: stream keeps the source's stem variances; while it is shut on a class-ordered stream of restored inputs,
-    #: the deep layers' source counts ``memory.SHUT_PRIOR`` times (0: no gate, neither).
+    #: follow; the excess noise the input denoising takes out opens it too (``memory.NOISE_GATE``); a stream's
+    #: first batch, with no memory yet, measures it on its own statistics. A clean stream keeps the source's stem
+    #: variances; while it is shut on a class-ordered stream of restored inputs, the deep layers' source counts
+    #: ``memory.SHUT_PRIOR`` times (0: no gate, neither).
     shift_gate: float = 0.1
     #: Adapting methods on image inputs of a model that records its source's noise (``modelexport.input_noise``,
     #: written by the image pipeline): each example moves toward its blur by this times its squared noise ratio
