@@ -125,13 +125,19 @@ def _measure(
     return {"ms_per_batch": ms, "ratios": ratios}
 
 
-def _models() -> dict[str, tuple[object, tuple[int, ...], dict[str, Any]]]:
+#: The trained networks the cost is measured on: name -> (cached dataset, the set it is streamed).
+TRAINED = {
+    "digits": ("digits", "clean"),
+    "pipeline": ("pipeline-digits", "clean"),
+    "pipeline-noisy": ("pipeline-digits", "gaussian_noise@4"),  # the input denoising blurs most examples
+}
+
+
+def _untrained() -> dict[str, tuple[object, tuple[int, ...]]]:
+    """The untrained CNNs of the cost table (name -> (module, input shape)), exported with their Dropout."""
     import torch
     from tests.models.torch_models import SmallCNN
-    from tests.testtime.digits import DigitsCNN
     from torch import nn
-
-    from modelexport.train.cnn import CompactCNN
 
     def block(cin: int, cout: int) -> nn.Sequential:
         return nn.Sequential(
@@ -149,13 +155,9 @@ def _models() -> dict[str, tuple[object, tuple[int, ...], dict[str, Any]]]:
             return self.head(self.dropout(self.features(x).mean(dim=(2, 3))))
 
     torch.manual_seed(0)
-    dropout = {"keep_dropout": True}
     return {
-        "digits": (DigitsCNN().eval(), (1, 8, 8), dropout),
-        "pipeline": (CompactCNN(1, 10, (8, 8)).eval(), (1, 8, 8), dropout),
-        "pipeline-noisy": (CompactCNN(1, 10, (8, 8)).eval(), (1, 8, 8), dropout),
-        "small": (SmallCNN(in_channels=3, num_classes=10).eval(), (3, 32, 32), dropout),
-        "medium": (MediumCNN().eval(), (3, 64, 64), dropout),
+        "small": (SmallCNN(in_channels=3, num_classes=10).eval(), (3, 32, 32)),
+        "medium": (MediumCNN().eval(), (3, 64, 64)),
     }
 
 
@@ -167,20 +169,19 @@ def _cost_cases(tmp: Path, models: list[str]) -> dict[str, tuple[Path, np.ndarra
     images, whose predictions collapse, so the lazy guard runs the source model now and then."""
     import modelexport
 
+    unknown = sorted(set(models) - {*TRAINED, "small", "medium"})
+    if unknown:
+        raise SystemExit(f"unknown --models {unknown}; choose from {[*TRAINED, 'small', 'medium']}")
     cases: dict[str, tuple[Path, np.ndarray]] = {}
+    for name in (m for m in TRAINED if m in models):
+        dataset, key = TRAINED[name]
+        path, sets, _ = _dataset(dataset, False)
+        cases[name] = (path, sets[key])
     rng = np.random.default_rng(0)
-    for name, (model, shape, options) in _models().items():
-        if name not in models:
-            continue
-        if name == "digits":
-            path, sets, _ = _dataset("digits", False)
-            cases[name] = (path, sets["clean"])
-        elif name in ("pipeline", "pipeline-noisy"):  # noisy: the input denoising blurs most examples
-            path, sets, _ = _dataset("pipeline-digits", False)
-            cases[name] = (path, sets["clean" if name == "pipeline" else "gaussian_noise@4"])
-        else:
+    for name, (model, shape) in _untrained().items():
+        if name in models:
             export = modelexport.export(
-                model, tmp / name, keep_batchnorm=True, input_shape=(1, *shape), **options
+                model, tmp / name, keep_batchnorm=True, keep_dropout=True, input_shape=(1, *shape)
             )
             cases[name] = (export.onnx_path, rng.standard_normal((512, *shape)).astype(np.float32))
     return cases
