@@ -326,7 +326,10 @@ def test_a_streams_first_batch_measures_its_own_shift(digits_export: Any, digits
     """A stream's first batch has no memory to measure a shift on: its stem variances stay the source's while
     the batch's own statistics are within the gate (one class of clean digits, as a class-sorted stream
     begins), and follow the batch where they are not (a contrast loss; the gates as a memory of that batch
-    would read them, its excess noise aside). ``shift_gate=0`` keeps the old first batch: the batch's own."""
+    would read them, its excess noise aside), and the adapted model shipped for it predicts the same.
+    ``shift_gate=0`` keeps the old first batch: the batch's own."""
+    import onnxruntime as ort
+
     engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
     adapter, prior = engine.adapter, engine._prior
     assert adapter is not None and prior is not None and prior.gated == [adapter.channels[0]]
@@ -347,6 +350,8 @@ def test_a_streams_first_batch_measures_its_own_shift(digits_export: Any, digits
         assert prior.gates(memory) == [1.0]  # a memory's gates read the noise; the first batch's do not
         first = engine.predict({"x": x}, engine.new_stream())
         np.testing.assert_allclose(first, served(x, gate), rtol=1e-5, atol=1e-6)
+        shipped = ort.InferenceSession(engine.adapted_model({"x": x}).SerializeToString())
+        np.testing.assert_allclose(softmax(shipped.run(None, {"x": x})[0], -1), first, rtol=1e-4, atol=1e-5)
     ungated = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn", shift_gate=0.0))
     np.testing.assert_allclose(
         ungated.predict({"x": one_class}), served(one_class, 1.0), rtol=1e-5, atol=1e-6

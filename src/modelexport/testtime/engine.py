@@ -368,6 +368,10 @@ class TestTimeEngine:
             state.update(affine)
         return state
 
+    def _first(self, stream: Stream) -> bool:
+        """Whether the stream's next batch is its first with a gated stem: no memory to measure the gate on."""
+        return not self.policy.episodic and stream.bank is None and bool(self._prior and self._prior.gated)
+
     def _statistics(self, stream: Stream, n: int) -> BNState:
         """The stream's robust statistics for a batch of ``n``, recomputed once the memory has taken
         ``REFRESH_EXAMPLES`` examples since (every batch of that many or more), or when the batch size or the
@@ -406,7 +410,7 @@ class TestTimeEngine:
             continual = not p.episodic
             bank = stream.bank if continual else None
             affine = stream.state
-            first = continual and bank is None and bool(prior.gated)
+            first = self._first(stream)
             if first:
                 state = self._memory_state(None, n, affine, first=[0.0] * len(prior.gated))
             else:
@@ -542,8 +546,14 @@ class TestTimeEngine:
         if self._prior is None:
             return adapter.adapted_model(self._adapt(feeds, Stream()) or {})
         stream = stream if stream is not None else Stream()
+        prior, n = self._prior, len(feeds[self.input_name])
         with stream.lock:
-            state = self._memory_state(stream.bank, len(feeds[self.input_name]), stream.state, stream.labels)
+            if self._first(stream):  # the gates the batch's own statistics open, as run measures them
+                shut = self._memory_state(None, n, stream.state, first=[0.0] * len(prior.gated))
+                stats = adapter.run_with_statistics(feeds, shut, self.output_name)[1]
+                state = self._memory_state(None, n, stream.state, first=prior.first_gates(stats))
+            else:
+                state = self._memory_state(stream.bank, n, stream.state, stream.labels)
             scratch = Stream(state=stream.state, memory=dict(stream.memory))
         _, _, state = self._adapted_pass(feeds, state, scratch)
         mixed = adapter.run(feeds, state, [t for i in adapter.mixed for t in mixed_statistics(i)])
