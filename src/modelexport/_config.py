@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from dataclasses import fields, replace
+from typing import Any, TypeVar
 
-__all__ = ["split_names", "unknown_choice", "closest"]
+from .errors import ConfigError, ModelExportError
+
+__all__ = ["split_names", "unknown_choice", "closest", "replace_checked"]
+
+_Config = TypeVar("_Config")
 
 
 def split_names(value: str | Iterable[Any] | None) -> tuple[str, ...]:
@@ -38,3 +43,18 @@ def unknown_choice(
     guess = closest(value, names, synonyms)
     mean = f" (did you mean {guess!r}?)" if guess else ""
     return f"unknown {kind} {str(value)[:80]!r}{mean}; valid: {', '.join(names)}"
+
+
+def replace_checked(
+    cfg: _Config, what: str, changes: Mapping[str, object], error: type[ModelExportError] = ConfigError
+) -> _Config:
+    """A frozen dataclass config with ``changes``: an unknown field is refused as ``error`` (a builtin
+    ``ValueError`` too) naming the closest valid one, where ``dataclasses.replace`` would raise a bare
+    ``TypeError`` about ``__init__``."""
+    valid = [f.name for f in fields(cfg)]  # type: ignore[arg-type]
+    for name in changes:
+        if name not in valid:
+            raise error(
+                unknown_choice(f"{what} option", name, valid), hint=f"the {what} options are its fields"
+            )
+    return replace(cfg, **changes)  # type: ignore[type-var]

@@ -103,3 +103,33 @@ def test_key_normalises_registration_and_lookup_and_the_error_quotes_the_given_n
 def test_every_unknown_name_error_is_a_modelexport_error() -> None:
     with pytest.raises(ModelExportError):
         _colours().get("")
+
+
+@pytest.mark.smoke
+def test_every_config_refuses_an_unknown_option_by_name_with_a_guess() -> None:
+    """``with_changes`` (and ``modelexport.export(**options)``) on every frozen config: an unknown option is a
+    typed error that is also a ``ValueError``, naming the closest field, not ``replace``'s bare ``TypeError``."""
+    import modelexport
+    from modelexport.export.config import ExportConfig
+    from modelexport.optimize.config import OptimizeConfig, QuantizeConfig, WeightOnlyConfig
+    from modelexport.testtime import TestTimePolicy
+
+    cases = [
+        (lambda: ExportConfig().with_changes(devcie="cpu"), ConfigError, "export option 'devcie'", "device"),
+        (lambda: modelexport.export("x", "out/", opst=17), ConfigError, "export option 'opst'", "opset"),
+        (lambda: TestTimePolicy().with_changes(tt="bn"), TestTimeError, "policy option 'tt'", "ttt"),
+        (
+            lambda: QuantizeConfig().with_changes(per_chanel=True),
+            ConfigError,
+            "quantize option",
+            "per_channel",
+        ),
+        (lambda: WeightOnlyConfig().with_changes(bits=4), ConfigError, "weight-only option 'bits'", None),
+        (lambda: OptimizeConfig().with_changes(levl=2), ConfigError, "optimize option 'levl'", "level"),
+    ]
+    for call, error, message, guess in cases:
+        with pytest.raises(error, match=message) as caught:
+            call()
+        assert isinstance(caught.value, ValueError)
+        assert (f"did you mean {guess!r}" in str(caught.value)) == (guess is not None), caught.value
+    assert TestTimePolicy().with_changes(ttt="bn").ttt == "bn"  # a known one still applies

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .._config import split_names
+from .._config import replace_checked, split_names
 from .._io import MAX_JSON_BYTES, parse_json
 from .._numeric import check_fits_in_memory, tensor_bytes
 from ..errors import ConfigError, InputSpecError
@@ -277,7 +277,7 @@ class ExportConfig:
         return self.atol if self.atol is not None else DEFAULT_ATOL[self.dtype]
 
     def with_changes(self, **changes: object) -> ExportConfig:
-        return replace(self, **changes)
+        return replace_checked(self, "export", changes)
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

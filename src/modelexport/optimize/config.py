@@ -10,11 +10,11 @@ package ``__init__``, which imports both, so the registries are complete before 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from .._config import closest, split_names
+from .._config import closest, replace_checked, split_names
 from .._registry import Registry
 from ..errors import ConfigError
 from ..inference.feeds import SampleSet
@@ -95,17 +95,6 @@ def _choice(name: str, value: str, valid: Collection[str]) -> str:
     return v
 
 
-#: The three settings classes :func:`_with_changes` copies.
-_Config = TypeVar("_Config", "QuantizeConfig", "WeightOnlyConfig", "OptimizeConfig")
-
-
-def _with_changes(cfg: _Config, what: str, changes: dict[str, object]) -> _Config:
-    unknown = set(changes) - {f.name for f in fields(cfg)}
-    if unknown:
-        raise ConfigError(f"unknown {what} option(s): {', '.join(sorted(unknown))}")
-    return replace(cfg, **changes)
-
-
 @dataclass(frozen=True)
 class QuantizeConfig:
     """How to quantize. ``mode`` names an entry of ``QUANT_MODES`` (dynamic, static)."""
@@ -150,10 +139,10 @@ class QuantizeConfig:
         """A named preset (a mode of ``QUANT_MODES`` or a target of ``QUANTIZE_PRESETS``) with ``changes``."""
         key = _choice("quantize preset", name, cls.preset_names())
         base = {"mode": key} if key in QUANT_MODES else QUANTIZE_PRESETS[key]
-        return _with_changes(cls(), "quantize", {**base, **changes, "preset_name": key})
+        return replace_checked(cls(), "quantize", {**base, **changes, "preset_name": key})
 
     def with_changes(self, **changes: object) -> QuantizeConfig:
-        return _with_changes(self, "quantize", changes)
+        return replace_checked(self, "quantize", changes)
 
     def record(self) -> dict[str, Any]:
         """What is written into ``modelexport.quantization`` (settings that shaped the weights)."""
@@ -331,7 +320,7 @@ class WeightOnlyConfig:
         """A copy with ``changes``; another algorithm without ``symmetric`` takes that algorithm's default."""
         if "algorithm" in changes and "symmetric" not in changes:
             changes = {**changes, "symmetric": None}
-        return _with_changes(self, "weight-only", changes)
+        return replace_checked(self, "weight-only", changes)
 
     def record(self) -> dict[str, Any]:
         """What is written into ``modelexport.quantization`` (settings that shaped the weights)."""
@@ -411,10 +400,10 @@ class OptimizeConfig:
     def preset(cls, name: str, **changes: object) -> OptimizeConfig:
         """An optimization level of ``OPTIMIZE_PRESETS`` (O1-O4) with ``changes``."""
         key = _level_name(name)
-        return _with_changes(OPTIMIZE_PRESETS[key], "optimize", {**changes, "preset_name": key})
+        return replace_checked(OPTIMIZE_PRESETS[key], "optimize", {**changes, "preset_name": key})
 
     def with_changes(self, **changes: object) -> OptimizeConfig:
-        return _with_changes(self, "optimize", changes)
+        return replace_checked(self, "optimize", changes)
 
     def record(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,10 +7,10 @@ model metadata (``modelexport.test_time_policy``) via ``to_dict()`` / ``from_dic
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .._config import closest, split_names
+from .._config import closest, replace_checked, split_names
 from .._numeric import MAX_SEED, is_seed
 from .._registry import Registry
 from ..errors import TestTimeError
@@ -279,7 +279,7 @@ class TestTimePolicy:
         return self.ttt != "none" and not self.episodic
 
     def with_changes(self, **changes: object) -> TestTimePolicy:
-        return replace(self, **changes)
+        return replace_checked(self, "test-time policy", changes, TestTimeError)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
