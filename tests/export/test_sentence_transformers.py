@@ -97,6 +97,10 @@ def test_the_whole_embedding_model_is_exported_and_tagged(mean_export: Any) -> N
         "normalize": True,
         "max_seq_length": _MAX_SEQ,
     }
+    manifest = json.loads((mean_export.output_dir / "export_metadata.json").read_text())
+    assert manifest["metadata"][KEY_EMBEDDING] == meta[KEY_EMBEDDING]  # the folder's record says it too
+    tokenizer = json.loads((mean_export.output_dir / "tokenizer_config.json").read_text())
+    assert tokenizer["model_max_length"] == _MAX_SEQ  # the packaged tokenizer truncates where it does
 
 
 @pytest.mark.must

@@ -184,16 +184,23 @@ def package_files_step(ctx: ExportContext, state: PackageState) -> PackageState:
     return state
 
 
-def sentence_step(ctx: ExportContext, state: PackageState) -> PackageState:
-    """Record the embedding in the metadata, and give the packaged tokenizer the folder's ``max_seq_length``."""
+def embedding_step(ctx: ExportContext, state: PackageState) -> PackageState:
+    """Record a sentence-transformers folder's embedding (pooling, normalize) in the metadata, before the
+    package files are written, so that export_metadata.json carries it as the model does."""
     folder = ctx.loaded.sentence
     if folder is None:
         return state
     with ctx.stages.stage("embedding", "pooling and normalize recorded") as st:
         record = folder.record()
         state = _with_record(ctx, replace(state, embedding=record), KEY_EMBEDDING, record)
-        fit_tokenizer_length(folder, ctx.staging_dir)
         st["detail"] = f"{'+'.join(folder.pooling)} pooling" + (", normalized" if folder.normalize else "")
+    return state
+
+
+def tokenizer_length_step(ctx: ExportContext, state: PackageState) -> PackageState:
+    """Give the packaged tokenizer (written by :func:`package_files_step`) the folder's ``max_seq_length``."""
+    if ctx.loaded.sentence is not None:
+        fit_tokenizer_length(ctx.loaded.sentence, ctx.staging_dir)
     return state
 
 
@@ -246,8 +253,9 @@ PACKAGE_STEPS: tuple[PackageStep, ...] = (
     embed_metadata_step,
     generation_step,
     genai_step,
+    embedding_step,
     package_files_step,
-    sentence_step,
+    tokenizer_length_step,
     optimize_step,
     quantize_step,
 )
