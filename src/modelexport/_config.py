@@ -55,6 +55,6 @@ def replace_checked(
     for name in changes:
         if name not in valid:
             raise error(
-                unknown_choice(f"{what} option", name, valid), hint=f"the {what} options are its fields"
+                unknown_choice(f"{what} option", name, valid), hint=f"pass one of the {what} options listed"
             )
     return replace(cfg, **changes)  # type: ignore[type-var]

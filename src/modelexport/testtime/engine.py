@@ -10,8 +10,8 @@ source and keeps nothing.
 
 The default (``statistics="memory"``) costs one ONNX Runtime pass (two on a stream's first batch where its
 statistics show a shift): the pass that predicts also reports every example's BN statistics into the stream's
-class-balanced memory (``memory.py``), and its stem BN layers mix in the batch's own statistics. The collapse guard runs the source model only while the adapted predictions
-look collapsed.
+class-balanced memory (``memory.py``), and its stem BN layers mix in the batch's own statistics. The collapse
+guard runs the source model only while the adapted predictions look collapsed.
 """
 
 from __future__ import annotations
