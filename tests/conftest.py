@@ -14,6 +14,10 @@ from tests.helpers import HAS_OPTIMUM
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The CLI wraps its lines wherever COLUMNS says how wide the output is (cli/display.py), and pytest-xdist's
+# workers set COLUMNS=80: the tests read the CLI's output as a log does, whole lines, with or without `-n`.
+# A test about the width sets it itself.
+os.environ.pop("COLUMNS", None)
 
 SST2_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2"
 
