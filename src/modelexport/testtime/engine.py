@@ -372,6 +372,12 @@ class TestTimeEngine:
         """Whether the stream's next batch is its first with a gated stem: no memory to measure the gate on."""
         return not self.policy.episodic and stream.bank is None and bool(self._prior and self._prior.gated)
 
+    def _first_state(self, n: int, affine: BNState | None, gates: list[float] | None = None) -> BNState:
+        """A stream's first batch's statistics: the stem's variances the source's (shut), or as far as the
+        ``gates`` its own shift opens (:meth:`StatisticsPrior.first_gates`)."""
+        assert self._prior is not None
+        return self._memory_state(None, n, affine, first=gates or [0.0] * len(self._prior.gated))
+
     def _statistics(self, stream: Stream, n: int) -> BNState:
         """The stream's robust statistics for a batch of ``n``, recomputed once the memory has taken
         ``REFRESH_EXAMPLES`` examples since (every batch of that many or more), or when the batch size or the
@@ -412,12 +418,12 @@ class TestTimeEngine:
             affine = stream.state
             first = self._first(stream)
             if first:
-                state = self._memory_state(None, n, affine, first=[0.0] * len(prior.gated))
+                state = self._first_state(n, affine)
             else:
                 state = self._statistics(stream, n) if continual else self._memory_state(None, n, None)
             logits, stats, state = self._adapted_pass(feeds, state, stream)
-            if first and any(gates := prior.first_gates(stats)):
-                state = self._memory_state(None, n, affine, first=gates)
+            if first and any(gates := prior.first_gates(stats)):  # a shift: the batch again, gates open
+                state = self._first_state(n, affine, gates)
                 logits, stats, _ = adapter.run_with_statistics(feeds, state, self.output_name)
             classes = _classes(logits)
             if continual:
@@ -546,12 +552,12 @@ class TestTimeEngine:
         if self._prior is None:
             return adapter.adapted_model(self._adapt(feeds, Stream()) or {})
         stream = stream if stream is not None else Stream()
-        prior, n = self._prior, len(feeds[self.input_name])
+        n = len(feeds[self.input_name])
         with stream.lock:
             if self._first(stream):  # the gates the batch's own statistics open, as run measures them
-                shut = self._memory_state(None, n, stream.state, first=[0.0] * len(prior.gated))
+                shut = self._first_state(n, stream.state)
                 stats = adapter.run_with_statistics(feeds, shut, self.output_name)[1]
-                state = self._memory_state(None, n, stream.state, first=prior.first_gates(stats))
+                state = self._first_state(n, stream.state, self._prior.first_gates(stats))
             else:
                 state = self._memory_state(stream.bank, n, stream.state, stream.labels)
             scratch = Stream(state=stream.state, memory=dict(stream.memory))

@@ -388,12 +388,13 @@ class StatisticsPrior:
         entries' excess noise rises from ``NOISE_GATE`` to twice that, the shift the input denoising took
         out of the stem's sight, whichever is more open."""
         noise = _opening(memory.noise_level, NOISE_GATE)
-        return [max(noise, _opening(shift, self.gate)) for shift in self.shift(memory)]
+        return [max(noise, gate) for gate in self.first_gates(memory)]
 
-    def first_gates(self, stats: np.ndarray) -> list[float]:
-        """The gates of a stream's first batch (its examples' statistics, N x width), which has no memory to
-        measure on: its own shift alone. The entries' excess noise is not read here: a shift the stem cannot
-        see is no reason to follow one batch's stem variances, and a class-ordered batch is one class."""
+    def first_gates(self, stats: StatisticsMemory | np.ndarray) -> list[float]:
+        """The gates the stem's own shift opens (:meth:`shift`), alone: those of a stream's first batch (its
+        examples' statistics, N x width), which has no memory to measure on. The entries' excess noise is not
+        read here: a shift the stem cannot see is no reason to follow one batch's stem variances, and a
+        class-ordered batch is one class."""
         return [_opening(shift, self.gate) for shift in self.shift(stats)]
 
     def coverage(
