@@ -359,6 +359,44 @@ def test_a_streams_first_batch_measures_its_own_shift(digits_export: Any, digits
     assert not np.allclose(served(one_class, 0.0), served(one_class, 1.0), atol=1e-3)
 
 
+@pytest.mark.must
+def test_a_class_ordered_batch_counts_in_the_stem_as_far_as_the_stem_sees_a_shift(
+    digits_export: Any, digits: Any
+) -> None:
+    """The stem mixes the batch's own statistics into the memory's fully where the stream's labels do not
+    arrive correlated in time, and on a correlated stream only as far as the stem's own shift opens its gate:
+    a class-sorted batch of clean digits is one class, whose stem signature its own statistics would
+    normalise away, so the memory and the source set the stem there (its means still follow the memory);
+    under a contrast loss the stem sees the shift and each batch reads it afresh, as before. A batch smaller
+    than ``MIN_BATCH`` keeps its weight (one example: 1 / 145)."""
+    engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
+    prior = engine._prior
+    assert engine.adapter is not None and prior is not None
+    weight, mean = mix_weight(0), engine.adapter.layers[0].mean
+    x, y = digits.x_test[:320], digits.y_test[:320]
+    contrast = corrupt(x, "contrast", 4, seed=0)
+    for data, order, correlated, share in (
+        (x, "class-sorted", True, 0.0),
+        (contrast, "class-sorted", True, 1.0),
+        (x, "shuffle", False, 1.0),  # the batch counts fully whatever the stem sees
+    ):
+        _, stream = run_stream(engine, engine.policy, data, y, order, 40)
+        assert stream.bank is not None and stream.labels is not None  # type: ignore[attr-defined]
+        bank = stream.bank  # type: ignore[attr-defined]
+        assert stream.labels.correlated(10) is correlated  # type: ignore[attr-defined]
+        assert prior.first_gates(bank) == [share if correlated else 0.0]  # clean: no shift
+        state = engine._statistics(stream, 40)  # type: ignore[arg-type]
+        assert float(state[weight]) == pytest.approx(share * 40 / (40 + bank.size + engine.policy.stem_prior))
+        blended = prior.blend(bank, prior.gates(bank), correlated)[0]
+        np.testing.assert_allclose(state[mean], blended[engine.adapter.channels[0]], rtol=1e-6)
+        assert not np.allclose(state[mean], engine.adapter.source_state[mean], atol=1e-3)
+    # one example weighs 1 / 145 beside a full memory: below MIN_BATCH a batch keeps its weight
+    _, stream = run_stream(engine, engine.policy, x, y, "class-sorted", 1)
+    assert stream.labels.correlated(10) and prior.first_gates(stream.bank) == [0.0]  # type: ignore[attr-defined]
+    state = engine._statistics(stream, 1)  # type: ignore[arg-type]
+    assert float(state[weight]) == pytest.approx(1 / (1 + 128 + engine.policy.stem_prior))
+
+
 @pytest.mark.sanity
 def test_the_default_stem_keeps_its_variances_on_clean_digits_and_adapts_them_to_contrast(
     digits_export: Any, digits: Any

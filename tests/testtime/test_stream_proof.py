@@ -7,8 +7,9 @@ pipeline's CompactCNN, tests/testtime/shapes.py), streamed shuffled, class-sorte
 0.03, 0.3 and 3, in batches of 48 and 1. Targets, per method: never more than one point below plain
 inference on any stream (clean ones included); class-sorted batches of 48 recover at least half of every
 judged corruption's loss, batch 1 at least 30%. One pair misses, and is pinned as measured: Gaussian noise on
-digits recovers 39% at batch 48 with this (the tests') digits CNN (35% before a stream's first batch measured
-its own shift, 44-46% before the deep layers counted a class-ordered stream's classes by their support,
+digits recovers 42% at batch 48 with this (the tests') digits CNN (39% before a class-ordered stream's batch
+counted in the stem only as far as the stem sees a shift, 35% before a stream's first batch measured its own
+shift, 44-46% before the deep layers counted a class-ordered stream's classes by their support,
 docs/benchmarks.md; the benchmark's first cached digits CNN reached 58%). The second design was chosen after this grid had been seen: the networks it
 was never tuned on are the final round's (tests/testtime/test_pipeline_proof.py). The whole tables: ``python
 benchmarks/test_time.py --streams --grid held-out`` (and ``--grid development``, ``--grid final``). Writes
@@ -29,8 +30,8 @@ from tests.testtime.robustness import GRIDS, corrupted_sets, matrix, rows, summa
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "test_time_streams_proof.json"
 GRID = GRIDS["held-out"]
-#: The (dataset, corruption) pair that misses the 50% target at batch 48, and what it does reach (39%).
-MISSED = {"digits gaussian_noise": 0.37}
+#: The (dataset, corruption) pair that misses the 50% target at batch 48, and what it does reach (42%).
+MISSED = {"digits gaussian_noise": 0.40}
 
 
 def _cells(method: str, digits: Any, shapes: Any, digits_export: Any, shapes_export: Any) -> list[Any]:

@@ -122,8 +122,9 @@ def _table(result: EvaluationResult) -> str:
     help="--statistics memory: the stem BN layers' variances adapt only once the memory's are this far from the "
     "source's (nats a channel; fully from twice it; 0: always), or once the inputs --denoise cleans were noisy "
     "(their excess noise); their means always follow; a stream's first batch measures it on itself. While it is "
-    "shut on a class-ordered stream of a model whose inputs are restored, the deeper layers' source counts 4 times "
-    "(0: neither).",
+    "shut on a class-ordered stream of a model whose inputs are restored, the deeper layers' source counts 4 times; "
+    "a class-ordered stream's batch counts in the stem only as far as the stem's own shift opens it (0: none of "
+    "these).",
 )
 @click.option(
     "--denoise",

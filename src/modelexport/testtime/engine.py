@@ -10,7 +10,8 @@ source and keeps nothing.
 
 The default (``statistics="memory"``) costs one ONNX Runtime pass (two on a stream's first batch where its
 statistics show a shift): the pass that predicts also reports every example's BN statistics into the stream's
-class-balanced memory (``memory.py``), and its stem BN layers mix in the batch's own statistics. The collapse
+class-balanced memory (``memory.py``), and its stem BN layers mix in the batch's own statistics (on a stream
+whose classes arrive in runs, only as far as the stem sees a shift: a batch there is one class). The collapse
 guard runs the source model only while the adapted predictions look collapsed.
 """
 
@@ -350,16 +351,28 @@ class TestTimeEngine:
         """The robust statistics for a batch of ``n``: the source blended with the memory in every layer, and
         the batch's own mixed into the stem layers (weights: examples; the source counts ``stem_prior``);
         ``labels``: the stream's predicted classes, whose time correlation sets how the deep layers count the
-        memory's classes (:meth:`StatisticsPrior.coverage`); ``first``: with no memory, the stem variances'
+        memory's classes (:meth:`StatisticsPrior.coverage`) and how far a batch of ``MIN_BATCH`` or more counts
+        in the stem: where they arrive correlated, such a batch is a run of one or two classes, not a sample of
+        the stream, and its own statistics would normalise its classes' stem signature away, so it counts only
+        as far as the stem's own shift opens its gate (a contrast or blur loss, which each batch reads afresh;
+        the memory, class-balanced, and the source set the stem where the stem sees none, clean data or noise
+        the restoration took out). A smaller batch weighs little beside the memory (one example 1 / 145) and
+        keeps its weight, sparing batch 1 the label test; ``first``: with no memory, the stem variances'
         gates (:meth:`StatisticsPrior.first_gates`; None: open)."""
         adapter, prior = self.adapter, self._prior
         assert adapter is not None and prior is not None
         count = bank.size if bank is not None else 0
         weight = n / (n + count + self.policy.stem_prior)
         if count:
-            gates = prior.gates(bank) if prior.gated else None  # type: ignore[arg-type]
+            own = prior.first_gates(bank) if prior.gated else []  # type: ignore[arg-type]
+            gates = prior.gates(bank, own) if prior.gated else None  # type: ignore[arg-type]
             num_classes = bank.num_classes  # type: ignore[union-attr]
-            correlated = (lambda: labels.correlated(num_classes)) if labels is not None else False
+            correlated: bool | Callable[[], bool]
+            if n >= MIN_BATCH:  # a run of one or two classes counts as far as the stem's own shift is seen
+                correlated = labels is not None and labels.correlated(num_classes)
+                weight *= max(own, default=1.0) if correlated else 1.0
+            else:  # a few examples weigh little beside the memory: the label test only where the class count asks
+                correlated = (lambda: labels.correlated(num_classes)) if labels is not None else False
             mean, var = prior.blend(bank, gates, correlated)  # type: ignore[arg-type]
             state = adapter.statistics_feeds(mean, var, weight, gates)
         else:

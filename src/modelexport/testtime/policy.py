@@ -105,7 +105,7 @@ class TestTimePolicy:
     #: memory: examples the class-balanced statistics memory of a stream holds.
     memory_size: int = 128
     #: memory: the source statistics' weight, in examples, in the stem BN layers (no BN upstream), which also
-    #: take the current batch's own statistics.
+    #: take the current batch's own statistics (on a class-ordered stream as far as the stem sees a shift).
     stem_prior: float = 16.0
     #: memory: the source statistics' weight, in examples, in the deeper BN layers (memory only, never the
     #: batch itself: a class-sorted batch must not normalise its own class-specific features; the memory

@@ -193,11 +193,16 @@ def label_shift_statistic(
     """G statistic (likelihood ratio, ~ chi2(C-1) when ``recent`` is an i.i.d. sample of the stream) of the
     recent predicted classes against the history's class frequencies, add-one smoothed: uniform before any
     history, so a stream is assumed balanced until it shows otherwise."""
-    counts = np.bincount(np.asarray(recent, dtype=np.int64), minlength=num_classes).astype(np.float64)
-    past = np.bincount(np.asarray(history, dtype=np.int64), minlength=num_classes).astype(np.float64)
-    expected = counts.sum() * (past + 1.0) / (past.sum() + num_classes)
-    seen = counts > 0
-    return float(2.0 * (counts[seen] * np.log(counts[seen] / expected[seen])).sum())
+    counts = np.bincount(np.asarray(recent, dtype=np.int64), minlength=num_classes)
+    return _g_statistic(counts, np.bincount(np.asarray(history, dtype=np.int64), minlength=num_classes))
+
+
+def _g_statistic(counts: np.ndarray, past: np.ndarray) -> float:
+    """:func:`label_shift_statistic` from the two windows' class counts, in Python scalars: a dozen classes
+    cost less so than a dozen numpy calls (a memory-statistics stream asks at each refresh)."""
+    recent, history = counts.tolist(), past.tolist()
+    scale = sum(recent) / (sum(history) + len(history))
+    return 2.0 * sum(k * math.log(k / (scale * (h + 1.0))) for k, h in zip(recent, history, strict=True) if k)
 
 
 def prior_correction(probs: np.ndarray, recent: np.ndarray) -> np.ndarray:
@@ -300,10 +305,9 @@ class LabelHistory:
             return False
         end = self.pushed % len(self.ring)  # where the next class goes: the ring ends just before it
         recent = min(n, SHIFT_WINDOW)
-        g = label_shift_statistic(
-            self._span(end - recent, end), self._span(end - n, end - recent), num_classes
-        )
-        return g > chi2_critical(num_classes - 1, alpha)
+        counts = np.bincount(self._span(end - recent, end), minlength=num_classes)
+        every = np.bincount(self.ring[:n], minlength=num_classes)  # the ring's first n slots hold all n
+        return _g_statistic(counts, every - counts) > chi2_critical(num_classes - 1, alpha)
 
     def _span(self, start: int, stop: int) -> np.ndarray:
         """The classes at ring positions ``start`` .. ``stop`` (``start`` may be negative: wrapped)."""
