@@ -364,7 +364,7 @@ class TestTimeEngine:
         count = bank.size if bank is not None else 0
         weight = n / (n + count + self.policy.stem_prior)
         if count:
-            own = prior.first_gates(bank) if prior.gated else []  # type: ignore[arg-type]
+            own = prior.first_gates(bank)  # type: ignore[arg-type]
             gates = prior.gates(bank, own) if prior.gated else None  # type: ignore[arg-type]
             num_classes = bank.num_classes  # type: ignore[union-attr]
             correlated: bool | Callable[[], bool]

@@ -116,7 +116,8 @@ class TestTimePolicy:
     #: follow; the excess noise the input denoising takes out opens it too (``memory.NOISE_GATE``); a stream's
     #: first batch, with no memory yet, measures it on its own statistics. A clean stream keeps the source's stem
     #: variances; while it is shut on a class-ordered stream of restored inputs, the deep layers' source counts
-    #: ``memory.SHUT_PRIOR`` times (0: no gate, neither).
+    #: ``memory.SHUT_PRIOR`` times; a class-ordered stream's batch of ``streams.MIN_BATCH`` or more counts in the
+    #: stem only as far as the stem's own shift opens it (0: no gate, none of these).
     shift_gate: float = 0.1
     #: Adapting methods on image inputs of a model that records its source's noise (``modelexport.input_noise``,
     #: written by the image pipeline): each example moves toward its blur by this times its squared noise ratio
