@@ -131,6 +131,28 @@ def test_image_package_records_its_sources_noise(run: Any) -> None:
     assert 0.3 < record.sharp_floor < 1.0 and record.sharpen in SHARPEN_STRENGTHS  # clean digits: 0.64 at p1
 
 
+@pytest.mark.integration
+def test_image_package_records_source_anchors_where_its_calibration_keeps_them(run: Any) -> None:
+    """Eight training images per class, as the model takes them, recorded in both models where class-ordered
+    streams of noisy validation images gained from them (``calibrate_anchors``; the pipeline's digits
+    networks do), and nowhere otherwise (testtime/anchors.py)."""
+    import modelexport
+    from modelexport.metadata.schema import KEY_SOURCE_ANCHORS
+    from modelexport.testtime.anchors import PER_CLASS, SourceAnchors
+
+    decided = run.details["source_anchors"]
+    assert decided["examples"] == PER_CLASS * 10
+    stored = [
+        modelexport.read_metadata(p).get(KEY_SOURCE_ANCHORS) for p in (run.model_path, run.quantized_path)
+    ]
+    assert stored[0] == stored[1]
+    assert (stored[0] is not None) is decided["recorded"]
+    if stored[0] is not None:
+        anchors = SourceAnchors.from_dict(stored[0])
+        assert np.array_equal(np.bincount(anchors.labels), [PER_CLASS] * 10)
+        assert anchors.x.ndim == 4 and np.isfinite(anchors.x).all()  # model inputs (N, C, H, W)
+
+
 @pytest.mark.smoke
 @pytest.mark.integration
 def test_cli_onnx_path_static_quantization_fixed_policy(

@@ -127,6 +127,15 @@ def _table(result: EvaluationResult) -> str:
     "these).",
 )
 @click.option(
+    "--anchors/--no-anchors",
+    default=True,
+    show_default=True,
+    help="--statistics memory: where the model records source anchors (the image pipeline writes a few training "
+    "images per class) and a stream's inputs were noisier than the source's, the deeper BN layers' variances are "
+    "measured on the anchors under the stream's statistics, scaled by how its examples differ from the anchors of "
+    "their predicted classes; --no-anchors: the source's.",
+)
+@click.option(
     "--denoise",
     type=click.FloatRange(0, None),
     default=None,
@@ -242,6 +251,7 @@ def evaluate_cmd(
     stem_prior: float,
     deep_prior: float,
     shift_gate: float,
+    anchors: bool,
     denoise: float | None,
     sharpen: float | None,
     bn_prior: float,
@@ -283,6 +293,7 @@ def evaluate_cmd(
         stem_prior=stem_prior,
         deep_prior=deep_prior,
         shift_gate=shift_gate,
+        anchors=anchors,
         denoise=denoise,
         sharpen=sharpen,
         bn_prior=bn_prior,

@@ -36,6 +36,7 @@ __all__ = [
     "KEY_QUANTIZATION",
     "KEY_TEST_TIME_POLICY",
     "KEY_INPUT_NOISE",
+    "KEY_SOURCE_ANCHORS",
     "KEY_TEST_TIME_ENSEMBLE",
     "KEY_GENERATION",
     "CACHE_INPUT_PREFIX",
@@ -83,6 +84,10 @@ KEY_EMBEDDING = "modelexport.embedding"
 #: calibrates the strengths on its validation images; test-time adaptation restores inputs only for models
 #: that carry it.
 KEY_INPUT_NOISE = "modelexport.input_noise"
+#: A few of the source's own examples per class, as model inputs (``testtime/anchors.py``: ``{"shape",
+#: "labels", "encoding", "data"}``, float16 in base64): the image pipeline records them beside the input-noise
+#: record, and test-time adaptation measures a noisy stream's deep BN variances against them.
+KEY_SOURCE_ANCHORS = "modelexport.source_anchors"
 KEY_ENCODING = "modelexport.metadata_encoding"
 KEY_CHECKSUM = "modelexport.metadata_checksum"
 _RESERVED = (KEY_ENCODING, KEY_CHECKSUM)
@@ -101,6 +106,7 @@ VALUE_CHECKS: dict[str, Callable[[Any, str], None]] = {
     KEY_EXPORT_CONFIG: fields.json_object,
     KEY_EMBEDDING: fields.json_object,
     KEY_INPUT_NOISE: fields.json_object,
+    KEY_SOURCE_ANCHORS: fields.json_object,
     KEY_LIBRARIES: fields.versions,
 }
 

@@ -17,7 +17,9 @@ Stable public API (other parts of modelexport and users build on these names)::
   (none/bn/tent/sar), ``statistics`` (``memory``: robust, the default; ``batch``: each batch's own),
   ``memory_size``/``stem_prior``/``deep_prior``/``shift_gate`` (memory statistics), ``denoise``/``sharpen``
   (image inputs moved toward their blur by their noise above the source's, or sharpened by their lack of detail
-  below it: ``InputNoise``, ``noise_ratio``, ``sharpness``, ``restore``), ``ttt_iterations``,
+  below it: ``InputNoise``, ``noise_ratio``, ``sharpness``, ``restore``), ``anchors`` (a noisy stream's deep
+  BN variances measured against the source images the model records: ``SourceAnchors``,
+  ``calibrate_anchors``), ``ttt_iterations``,
   ``momentum``/``bn_prior`` (batch statistics), ``learning_rate``, ``episodic`` (default False: adaptation is
   continual along a stream), ``reset_every``, ``collapse_threshold``/``collapse_window`` (the collapse guard), ``label_shift_alpha``
   (the label-shift guard of batch statistics), ``prior_correction``, ``reliable_entropy``, ``mc_dropout``,
@@ -43,10 +45,11 @@ from __future__ import annotations
 from .._numeric import softmax
 from .adapt import BNAdapter, BNLayer, BNState, find_bn_layers
 from .aggregate import AGGREGATORS, aggregate, entropy
+from .anchors import SourceAnchors
 from .augment import MODALITIES, TRANSFORMS, Transform, make_views, register_transform, transforms_for
 from .corruptions import CORRUPTIONS, SEVERITIES, corrupt
 from .denoise import InputNoise, denoise, noise_ratio, restore, sharpen, sharpness
-from .engine import TestTimeEngine, TestTimeResult, calibrate_restoration
+from .engine import TestTimeEngine, TestTimeResult, calibrate_anchors, calibrate_restoration
 from .ensemble import Ensemble
 from .interpreter import SUPPORTED_OPS, OnnxTorchModule
 from .iterative import IterationResult, build_loop_model, iterate
@@ -73,6 +76,7 @@ __all__ = [
     "POLICY_PRESETS",
     "SEVERITIES",
     "STATISTICS",
+    "SourceAnchors",
     "SUPPORTED_OPS",
     "StatisticsMemory",
     "StatisticsPrior",
@@ -85,6 +89,7 @@ __all__ = [
     "Transform",
     "aggregate",
     "build_loop_model",
+    "calibrate_anchors",
     "calibrate_restoration",
     "corrupt",
     "denoise",

@@ -237,6 +237,12 @@ class BNAdapter:
                 feeds[m], feeds[v] = mean[part], var[part]
         return feeds
 
+    def unmixed(self, state: BNState) -> BNState:
+        """``state`` with the stem layers' batch weight 0: every layer normalises with the given statistics alone
+        (a pass over examples that are not one batch)."""
+        zero = np.asarray(0.0, self._dtype)
+        return {**state, **dict.fromkeys(self._weight_names, zero)}
+
     def run_with_statistics(
         self, feeds: dict[str, np.ndarray], state: BNState, output: str, extra: list[str] | None = None
     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:

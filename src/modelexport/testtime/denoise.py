@@ -67,6 +67,7 @@ __all__ = [
     "denoise",
     "measurable",
     "noise_ratio",
+    "noisy_levels",
     "restore",
     "restore_measured",
     "sharpen",
@@ -177,6 +178,18 @@ class InputNoise:
         return record
 
 
+def noisy_levels(images: np.ndarray, seed: int = 0) -> list[np.ndarray]:
+    """``images`` (N, C, H, W) with Gaussian noise of each of ``LEVELS`` times each image's own spread added,
+    clipped to the set's range per channel (seeded): the shifts calibration judges a restoration by."""
+    rng = np.random.default_rng(seed)
+    low, high = images.min(axis=(0, 2, 3), keepdims=True), images.max(axis=(0, 2, 3), keepdims=True)
+    spread = images.std(axis=(1, 2, 3), keepdims=True)
+    return [
+        np.clip(images + level * spread * rng.standard_normal(images.shape), low, high).astype(np.float32)
+        for level in LEVELS
+    ]
+
+
 def calibrate(
     train: np.ndarray,
     held_out: np.ndarray,
@@ -190,13 +203,7 @@ def calibrate(
     (denoising) and over each of ``BLURS`` (sharpening), the mildest strength on a tie."""
     floor = float(np.quantile(noise_ratio(train), FLOOR_QUANTILE))
     sharp_floor = float(np.quantile(sharpness(train), SHARP_QUANTILE))
-    rng = np.random.default_rng(seed)
-    low, high = held_out.min(axis=(0, 2, 3), keepdims=True), held_out.max(axis=(0, 2, 3), keepdims=True)
-    spread = held_out.std(axis=(1, 2, 3), keepdims=True)
-    noisy = [
-        np.clip(held_out + level * spread * rng.standard_normal(held_out.shape), low, high).astype(np.float32)
-        for level in LEVELS
-    ]
+    noisy = noisy_levels(held_out, seed)
     blurred = [held_out if sigma == 0 else gaussian_blur(held_out, sigma) for sigma in BLURS]
 
     def best(strengths: tuple[float, ...], score: Callable[[float], float]) -> float:

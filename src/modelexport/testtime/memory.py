@@ -70,6 +70,10 @@ readings (the engine restores its inputs with the source's record) does a shut g
 tests' networks, which carry none, the stronger source cost shapes noise 4 class-sorted 65% -> 33% of its loss
 recovered, so a memory without readings keeps the source's own strength.
 
+Where the model records a few of its source's images (``anchors.py``), a noisy stream replaces the deep layers'
+source variances in this prior with the anchors' measured under its own statistics, scaled by how its examples
+differ from the anchors of their classes (:meth:`StatisticsPrior.with_deep_variances`).
+
 The memory holds 128 examples by default and the source counts as 16 of them in stem layers, 64 in deeper
 ones: the ratios of the first design (64 / 8 / 32) with half the estimation noise of 64 examples' statistics.
 """
@@ -91,6 +95,7 @@ __all__ = [
     "StatisticsMemory",
     "StatisticsPrior",
     "balanced_keep",
+    "opening",
 ]
 
 #: Weight vectors cached (per memory size and coverage, a float: unbounded) before the cache is emptied.
@@ -116,7 +121,7 @@ SHUT_PRIOR = 4.0
 SMALL_CLASSES = 32
 
 
-def _opening(reading: float, threshold: float) -> float:
+def opening(reading: float, threshold: float) -> float:
     """How open a gate is at ``reading``: shut up to ``threshold``, rising linearly to fully open at twice it."""
     return min(1.0, max(0.0, reading / threshold - 1.0))
 
@@ -377,6 +382,13 @@ class StatisticsPrior:
         #: Each gated layer's mean squares in a memory row (after the means of every channel).
         self._gated_squares = [slice(len(mean) + p.start, len(mean) + p.stop) for p in self.gated]
 
+    def with_deep_variances(self, var: np.ndarray, share: float) -> StatisticsPrior:
+        """A copy whose deep channels' variances moved ``share`` of the way to ``var`` (over every channel; a
+        stream's measured shift, ``anchors.py``); the means, strengths, stem and gates stay."""
+        deep = self._deep[: len(self.mean)]
+        moved = np.where(deep, self.var + share * (var - self.var), self.var)
+        return StatisticsPrior(self.mean, moved, self.strength, deep, self.gated, self.gate)
+
     def shift(self, memory: StatisticsMemory | np.ndarray) -> list[float]:
         """Per gated layer: how far the pooled variances of a memory (or of rows of examples' statistics, N x
         width) are from the source's, the mean over the layer's channels of the variance part of KL(memory ||
@@ -397,7 +409,7 @@ class StatisticsPrior:
         entries' excess noise rises from ``NOISE_GATE`` to twice that, the shift the input denoising took
         out of the stem's sight, whichever is more open. ``own``: :meth:`first_gates` of the memory, where
         the caller has them."""
-        noise = _opening(memory.noise_level, NOISE_GATE)
+        noise = opening(memory.noise_level, NOISE_GATE)
         return [max(noise, gate) for gate in (self.first_gates(memory) if own is None else own)]
 
     def first_gates(self, stats: StatisticsMemory | np.ndarray) -> list[float]:
@@ -406,7 +418,7 @@ class StatisticsPrior:
         stream's batch counts in the stem (``engine``). The entries' excess noise is not read here: a shift
         the stem cannot see is no reason to follow one batch's stem statistics, and a class-ordered batch is
         one class."""
-        return [_opening(shift, self.gate) for shift in self.shift(stats)]
+        return [opening(shift, self.gate) for shift in self.shift(stats)]
 
     def coverage(
         self,
@@ -434,7 +446,7 @@ class StatisticsPrior:
         count = min(memory.coverage, support if g <= 0.0 else g * memory.coverage + (1.0 - g) * support)
         if not memory.measured:  # the gate alone: a shift the stem barely sees keeps it shut
             return count
-        seen = max(g, _opening(memory.deficit_level, BLUR_GATE))
+        seen = max(g, opening(memory.deficit_level, BLUR_GATE))
         return count / math.sqrt(1.0 + (SHUT_PRIOR - 1.0) * (1.0 - seen))
 
     def blend(

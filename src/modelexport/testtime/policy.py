@@ -68,6 +68,9 @@ _NUMBER_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 
 
+_BOOL_FIELDS = ("batched", "episodic", "prior_correction", "anchors")
+
+
 def _canonical(names: tuple[str, ...], modalities: tuple[str, ...]) -> tuple[str, ...]:
     """Aliases (``flip``, ``rotate``) as the registered names they stand for, where a modality has them."""
 
@@ -127,6 +130,11 @@ class TestTimePolicy:
     #: this times the gain that brings its detail back to theirs (``denoise.py``). None: the strength the record
     #: calibrated; 0: off.
     sharpen: float | None = None
+    #: memory: where the model records source anchors (``modelexport.source_anchors``, written by the image
+    #: pipeline) and a stream's inputs were noisy beyond the source's, the deeper BN layers' source variances are
+    #: measured again on the anchors under the stream's statistics, scaled by how the stream's examples differ
+    #: from the anchors of their predicted classes (``anchors.py``). False: the source's.
+    anchors: bool = True
     #: batch statistics: passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
     #: Tent / sar: gradient steps per batch (None: 1, as in the paper).
     ttt_iterations: int | None = None
@@ -248,7 +256,12 @@ class TestTimePolicy:
             )
 
     def _check_types(self) -> None:
-        """Numbers are numbers (a policy may come from a file: metadata, --policy JSON)."""
+        """Numbers are numbers and switches booleans (a policy may come from a file: metadata, --policy JSON)."""
+        for name in _BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise TestTimeError(
+                    f"{name} must be true or false, got {getattr(self, name)!r}", hint=VALUE_HINT
+                )
         for name, kinds in _NUMBER_FIELDS.items():
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):

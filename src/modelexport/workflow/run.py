@@ -22,12 +22,18 @@ from ..data import Dataset
 from ..inference.feeds import SampleSet, dataset_samples
 from ..inference.processors import ONNXAutoProcessor
 from ..metadata import write_metadata
-from ..metadata.schema import KEY_INPUT_NOISE, KEY_TEST_TIME_ENSEMBLE, KEY_TEST_TIME_POLICY
+from ..metadata.schema import (
+    KEY_INPUT_NOISE,
+    KEY_SOURCE_ANCHORS,
+    KEY_TEST_TIME_ENSEMBLE,
+    KEY_TEST_TIME_POLICY,
+)
 from ..onnxfile import record_deployed_model, staged_output
 from ..optimize.quantization import quantize
 from ..runtime.session import available_providers, fallback_said_once, resolve_providers
+from ..testtime.anchors import SourceAnchors
 from ..testtime.denoise import measurable
-from ..testtime.engine import calibrate_restoration
+from ..testtime.engine import calibrate_anchors, calibrate_restoration
 from ..testtime.policy import TestTimePolicy
 from ..train.networks import NETWORKS, Network, build_network
 from ..train.policy_search import (
@@ -292,19 +298,28 @@ class PipelineRun:
         """Image models: the training images' noise and detail floors and the denoising and sharpening
         strengths calibrated on the validation images through adapted statistics (testtime/denoise.py,
         ``calibrate_restoration``) into both models (``modelexport.input_noise``), before the policy is chosen,
-        so that test-time adaptation restores inputs against them. The pipeline's image networks take a dynamic
-        batch: each calibration set runs as one batch."""
+        so that test-time adaptation restores inputs against them; and a few training images per class
+        (``modelexport.source_anchors``), against which it measures a noisy stream's deep BN variances
+        (testtime/anchors.py), where class-ordered streams of noisy validation images gain from them
+        (``calibrate_anchors``). The pipeline's image networks take a dynamic batch: each calibration set runs
+        as one batch."""
         if train.kind != "image":
             return
         images = [self._images(fp32, data) for data in (train, val)]
-        (x_train, _), (x_val, y_val) = images
+        (x_train, y_train), (x_val, y_val) = images
         if x_train is None or x_val is None or y_val is None:
             return
-        record = calibrate_restoration(
-            deployed, x_train, x_val, y_val, self.cfg.seed, providers=("CPUExecutionProvider",)
-        )
+        cpu = ("CPUExecutionProvider",)
+        record = calibrate_restoration(deployed, x_train, x_val, y_val, self.cfg.seed, providers=cpu)
         for path in {deployed, fp32}:
             write_metadata(path, {KEY_INPUT_NOISE: record.to_dict()})
+        anchors = None if y_train is None else SourceAnchors.select(x_train, y_train, seed=self.cfg.seed)
+        if anchors is not None:
+            kept = calibrate_anchors(deployed, anchors, x_val, y_val, self.cfg.seed, providers=cpu)
+            if kept:
+                for path in {deployed, fp32}:
+                    write_metadata(path, {KEY_SOURCE_ANCHORS: anchors.to_dict()})
+            self.details["source_anchors"] = {"examples": len(anchors.labels), "recorded": kept}
         self.details["input_noise"] = record.to_dict()
 
     def _images(self, fp32: Path, data: Dataset) -> tuple[np.ndarray | None, np.ndarray | None]:

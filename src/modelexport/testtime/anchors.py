@@ -1,0 +1,207 @@
+"""Source anchors: a few of the source's own images per class, recorded with the model, against which a stream
+measures how far noise moved its deep BN layers' variances.
+
+Why. Where noise reaches the deep layers, their variances move with it, and exact BatchNorm over the whole
+noisy test set follows them: on the image pipeline's digits networks, holding the stem at the test set's own
+statistics and the deep layers at the source's left noise 4 at 0.84-0.86 accuracy where the test set's deep
+variances gave 0.90-0.91 (seeds 11, 12, 25). A class-ordered stream cannot read them off its memory: a deep
+layer's variance is class-specific, the memory holds one or two classes for the first batches, and following it
+lost noise-4 streams 1-5 points. So those layers kept the source's variances, and the first classes of a noisy
+stream read class by class paid for it (seed 12, noise 4: class 0 68% against 90% under the whole set's
+statistics).
+
+On those networks what noise does to a deep layer's variance is nearly the same for every class. The stream's
+examples' within-class variance over that of the anchors of the same (predicted) classes, both measured in one pass
+under the stream's statistics and taken as the median over the layer's channels, is a class-neutral ratio; times
+the variance of all the anchors under those statistics it estimates the whole data's deep variance. From one batch
+of one class it predicted the whole noisy test set as well as the set's own exact statistics did (seeds 12 and 25,
+noise 4: 0.898 and 0.908 against 0.893 and 0.905). The anchors must be measured under the stream's statistics: the
+same ratio applied to the source's variances lost 8 points, since the adapted stem changes what the deep layers see
+of any image.
+
+The measured variances replace the source's as the deep layers' prior
+(``memory.StatisticsPrior.with_deep_variances``), as far as the stream's inputs were noisy beyond what the source's
+were (``NOISE_OPEN``): a shift the denoising leaves in the deep layers. Clean, blurred and low-contrast streams
+keep the source's prior (a contrast loss, which the stem normalises away, lost up to 2.3 points with it).
+
+The estimate assumes noise moves a deep layer's variance alike for every class. It held on the image pipeline's
+digits networks (twenty-nine of them: class-ordered noise 3 from 26-57% of its loss recovered to 47-66%) and not
+on its shapes network (-1 to -1.7 points), so the pipeline records the anchors (``modelexport.source_anchors``)
+beside the input-noise record only where class-ordered streams of its noisy validation images gain from them
+(``engine.calibrate_anchors``); a model without them adapts as before.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import TestTimeError
+
+__all__ = [
+    "LONGEST",
+    "MAX_VALUES",
+    "MIN_EXAMPLES",
+    "MIN_PER_CLASS",
+    "NOISE_OPEN",
+    "PER_CLASS",
+    "WINDOW",
+    "InputWindow",
+    "SourceAnchors",
+    "deep_variances",
+]
+
+#: Anchors the image pipeline records per class (the estimate's accuracy was the same with 16).
+PER_CLASS = 8
+#: At most this many input values over all anchors (stored as float16): a model with large inputs keeps fewer
+#: per class, and none below ``MIN_PER_CLASS`` (a within-class variance needs two).
+MAX_VALUES = 2**20
+MIN_PER_CLASS = 2
+#: A stream measures its deep layers' shift on its last this many inputs (one pass of them and the anchors) ...
+WINDOW = 128
+#: ... again once it has seen as many examples since as it had then (at least the inputs measured), at most this
+#: many: the early measurements, while one or two classes have streamed by, are the ones that count, and the
+#: pass costs 1.6 batches of 128 (at batch 32, a measurement every 128 examples made ``--ttt bn`` on a noisy
+#: stream 3.05x plain instead of 1.21x).
+LONGEST = 1024
+#: A stream's first measurement waits for this many inputs (a stream's first batch of this many is measured on
+#: itself, before it is predicted).
+MIN_EXAMPLES = 32
+#: The inputs' mean excess noise (``denoise.restore_measured``) at which the measured variances start to replace
+#: the source's, fully at twice it: noise 2 reads 0.05, 3 0.09-0.10, 4 0.17-0.19 (the pipeline's digits
+#: networks), clean and blurred images 0-0.01.
+NOISE_OPEN = 0.05
+#: Added to both variances of the within-class ratio (a dead channel has none).
+RATIO_EPS = 1e-5
+#: The record's format.
+ENCODING = "float16-base64"
+
+
+@dataclass(frozen=True)
+class SourceAnchors:
+    """A package's ``modelexport.source_anchors``: ``x`` (N, ...) model inputs (float32) of a few source examples
+    per class and their ``labels`` (N,)."""
+
+    x: np.ndarray
+    labels: np.ndarray
+
+    @classmethod
+    def select(
+        cls,
+        x: np.ndarray,
+        labels: np.ndarray,
+        per_class: int = PER_CLASS,
+        max_values: int = MAX_VALUES,
+        seed: int = 0,
+    ) -> SourceAnchors | None:
+        """Up to ``per_class`` examples of each class of ``labels`` with ``MIN_PER_CLASS`` or more (seeded),
+        fewer where ``max_values`` asks; None where fewer than ``MIN_PER_CLASS`` a class fit, or no class has
+        enough."""
+        labels = np.asarray(labels, np.int64)
+        if len(x) != len(labels):
+            raise ValueError(f"{len(x)} examples with {len(labels)} labels")
+        classes, counts = np.unique(labels, return_counts=True)
+        classes = classes[counts >= MIN_PER_CLASS]
+        size = int(np.prod(x.shape[1:]))
+        k = min(per_class, max_values // max(1, size * len(classes))) if len(classes) else 0
+        if k < MIN_PER_CLASS:
+            return None
+        rng = np.random.default_rng(seed)
+        keep = np.sort(np.concatenate([rng.permutation(np.flatnonzero(labels == c))[:k] for c in classes]))
+        return cls(np.asarray(x[keep], np.float32), labels[keep])
+
+    def to_dict(self) -> dict[str, Any]:
+        data = np.ascontiguousarray(self.x, "<f2").tobytes()
+        return {
+            "shape": list(self.x.shape),
+            "labels": self.labels.tolist(),
+            "encoding": ENCODING,
+            "data": base64.b64encode(data).decode("ascii"),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SourceAnchors:
+        """The record as ``to_dict`` wrote it; a malformed one is refused with the way around it."""
+        try:
+            shape = tuple(int(s) for s in data["shape"])
+            labels = np.asarray(data["labels"], np.int64)
+            if data.get("encoding") != ENCODING:
+                raise ValueError(f"encoding {data.get('encoding')!r}, not {ENCODING!r}")
+            raw = base64.b64decode(data["data"], validate=True)
+            x = np.frombuffer(raw, "<f2").astype(np.float32).reshape(shape)
+            if labels.shape != (shape[0],) or not np.isfinite(x).all():
+                raise ValueError(f"{labels.size} labels for {shape[0]} examples, or values not finite")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TestTimeError(
+                f"the model's modelexport.source_anchors record is malformed ({exc})",
+                hint="re-run the image pipeline, or adapt without it: --no-anchors (anchors=False)",
+            ) from None
+        return cls(x, labels)
+
+
+class InputWindow:
+    """A stream's last ``size`` inputs (as adapted: restored), kept as the batches that brought them."""
+
+    def __init__(self, size: int = WINDOW) -> None:
+        self.size = size
+        self._chunks: deque[np.ndarray] = deque()
+        self._count = 0
+
+    def __len__(self) -> int:
+        return min(self._count, self.size)
+
+    def push(self, x: np.ndarray) -> None:
+        self._chunks.append(x)
+        self._count += len(x)
+        while self._count - len(self._chunks[0]) >= self.size:
+            self._count -= len(self._chunks.popleft())
+
+    def array(self) -> np.ndarray:
+        """The last ``size`` inputs, oldest first."""
+        return np.concatenate(self._chunks)[-self.size :]
+
+
+def _within_variance(
+    rows: np.ndarray, classes: np.ndarray, weights: dict[int, int], width: int
+) -> np.ndarray:
+    """The mean over ``weights``' classes (weighted) of each class's pooled variance of ``rows`` (per-example
+    means, then mean squares, ``width`` channels each)."""
+    total = np.zeros(width)
+    for c, w in weights.items():
+        moments = rows[classes == c].mean(axis=0)
+        total += w * np.maximum(moments[width:] - moments[:width] ** 2, 0.0)
+    return total / sum(weights.values())
+
+
+def deep_variances(
+    rows: np.ndarray,
+    classes: np.ndarray,
+    anchor_rows: np.ndarray,
+    anchor_labels: np.ndarray,
+    layers: list[slice],
+    base: np.ndarray,
+) -> np.ndarray | None:
+    """``base`` (variances over every BN channel) with each deep layer's (``layers``) replaced by the anchors'
+    pooled variance times the median over its channels of the stream examples' within-class variance over the
+    anchors' of the same classes (weighted by the examples' count; classes with two examples and two anchors).
+    ``rows``/``anchor_rows``: per-example BN statistics (N, 2 x width: means, then mean squares) from one pass
+    under the same statistics; ``classes``: the examples' predicted classes. None where no class qualifies."""
+    width = rows.shape[1] // 2
+    predicted = dict(zip(*np.unique(classes, return_counts=True), strict=True))
+    held = dict(zip(*np.unique(anchor_labels, return_counts=True), strict=True))
+    weights = {int(c): int(k) for c, k in predicted.items() if k >= 2 and held.get(c, 0) >= 2}
+    if not weights:
+        return None
+    stream = _within_variance(rows, classes, weights, width)
+    anchors = _within_variance(anchor_rows, anchor_labels, weights, width)
+    moments = anchor_rows.mean(axis=0)
+    pooled = np.maximum(moments[width:] - moments[:width] ** 2, 0.0)
+    out = np.array(base, np.float64)
+    for part in layers:
+        ratio = np.median((stream[part] + RATIO_EPS) / (anchors[part] + RATIO_EPS))
+        out[part] = pooled[part] * ratio
+    return out

@@ -1,0 +1,222 @@
+"""Source anchors (``testtime/anchors.py``): the record, the stream's input window, and the deep variances a
+noisy stream measures against them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from modelexport.cli.app import main
+from modelexport.errors import TestTimeError
+from modelexport.metadata import write_metadata
+from modelexport.metadata.schema import KEY_INPUT_NOISE, KEY_SOURCE_ANCHORS
+from modelexport.testtime.anchors import (
+    MIN_PER_CLASS,
+    PER_CLASS,
+    InputWindow,
+    SourceAnchors,
+    deep_variances,
+)
+from modelexport.testtime.corruptions import corrupt
+from modelexport.testtime.engine import TestTimeEngine, calibrate_anchors, calibrate_restoration
+from modelexport.testtime.policy import TestTimePolicy
+
+from .robustness import run_stream
+
+
+@pytest.mark.smoke
+def test_the_pipeline_keeps_a_few_examples_of_each_class_within_a_budget(digits: Any) -> None:
+    x, y = digits.x_train, digits.y_train
+    anchors = SourceAnchors.select(x, y)
+    assert anchors is not None
+    assert np.array_equal(np.bincount(anchors.labels), [PER_CLASS] * 10)
+    assert anchors.x.dtype == np.float32 and anchors.x.shape[1:] == x.shape[1:]
+    # every anchor is one of the given examples, with its label
+    index = {row.tobytes(): label for row, label in zip(x.astype(np.float32), y, strict=True)}
+    assert all(index[a.tobytes()] == label for a, label in zip(anchors.x, anchors.labels, strict=True))
+    per_value = x[0].size * 10
+    assert np.bincount(SourceAnchors.select(x, y, max_values=3 * per_value).labels).tolist() == [3] * 10  # type: ignore[union-attr]
+    assert SourceAnchors.select(x, y, max_values=per_value) is None  # one a class: no within-class variance
+    lone = np.concatenate([y[y != 0], [0]])  # class 0 has one example: left out, the others kept
+    kept = SourceAnchors.select(x[: len(lone)], lone)
+    assert kept is not None and 0 not in kept.labels and len(np.unique(kept.labels)) == 9
+    with pytest.raises(ValueError, match="labels"):
+        SourceAnchors.select(x, y[:-1])
+
+
+@pytest.mark.must
+def test_the_record_round_trips_and_a_malformed_one_is_refused_with_a_way_around(digits: Any) -> None:
+    anchors = SourceAnchors.select(digits.x_train, digits.y_train)
+    assert anchors is not None
+    back = SourceAnchors.from_dict(anchors.to_dict())
+    np.testing.assert_array_equal(back.labels, anchors.labels)
+    np.testing.assert_allclose(back.x, anchors.x, rtol=1e-3, atol=1e-3)  # stored as float16
+    record = anchors.to_dict()
+    for broken in (
+        {**record, "encoding": "raw"},
+        {**record, "labels": record["labels"][:-1]},
+        {**record, "data": "not base64!"},
+        {**record, "shape": [3, 2]},
+        {k: v for k, v in record.items() if k != "data"},
+    ):
+        with pytest.raises(TestTimeError, match="source_anchors record is malformed") as err:
+            SourceAnchors.from_dict(broken)
+        assert "--no-anchors" in str(err.value.hint)
+
+
+@pytest.mark.smoke
+def test_the_input_window_keeps_a_streams_last_inputs() -> None:
+    window = InputWindow(5)
+    for start in range(0, 12, 3):
+        window.push(np.arange(start, start + 3, dtype=np.float32)[:, None])
+    assert len(window) == 5
+    np.testing.assert_array_equal(window.array()[:, 0], np.arange(7, 12))
+    one = InputWindow(4)
+    one.push(np.zeros((9, 1)))  # a batch larger than the window
+    assert len(one) == 4 and one.array().shape == (4, 1)
+
+
+def _rows(means: np.ndarray, spread: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Per-example (mean, mean square) rows of examples whose per-channel values are ``means`` plus noise of
+    standard deviation ``spread`` (one value per example and channel: its mean square is the square)."""
+    values = means + spread * rng.standard_normal((n, len(means)))
+    return np.concatenate([values, values**2], axis=1)
+
+
+@pytest.mark.must
+def test_the_deep_variances_are_the_anchors_scaled_by_the_within_class_ratio_of_one_class() -> None:
+    """A stream of one class whose within-class spread is twice the anchors' (variance 4x) in the deep layer's
+    channels and unchanged in the stem: the deep layer's estimate is the variance of all the anchors -- every
+    class, between-class spread included -- times 4; the stem keeps ``base``. No class with two examples and
+    two anchors: no estimate."""
+    rng = np.random.default_rng(0)
+    width, stem, deep = 6, slice(0, 2), slice(2, 6)
+    centres = np.repeat(3.0 * np.arange(5)[:, None], width, axis=1)  # five classes, 3 apart
+    spread = np.ones(width)
+    anchors = np.concatenate([_rows(centres[c], spread, 400, rng) for c in range(5)])
+    labels = np.repeat(np.arange(5), 400)
+    doubled = np.where(np.arange(width) >= 2, 2.0, 1.0)
+    stream = _rows(centres[3], spread * doubled, 2000, rng)
+    base = np.full(width, 7.0)
+    out = deep_variances(stream, np.full(2000, 3), anchors, labels, [deep], base)
+    assert out is not None
+    moments = anchors.mean(axis=0)
+    pooled = moments[width:] - moments[:width] ** 2
+    np.testing.assert_allclose(out[deep], 4.0 * pooled[deep], rtol=0.1)
+    np.testing.assert_array_equal(out[stem], base[stem])
+    assert pooled[deep].min() > 5.0  # the between-class spread is in it, not just the class's own
+    assert deep_variances(stream[:1], np.array([3]), anchors, labels, [deep], base) is None
+    assert deep_variances(stream[:9], np.full(9, 7), anchors, labels, [deep], base) is None  # no such anchors
+    assert MIN_PER_CLASS == 2
+
+
+@pytest.fixture(scope="module")
+def anchored(digits: Any, digits_export: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The digits CNN with an input-noise record that denoises (strength 1: its calibration turns denoising
+    off, ``test_denoise.py``) and the source anchors, as the image pipeline writes them."""
+    path = tmp_path_factory.mktemp("anchored") / "model.onnx"
+    shutil.copy(digits_export.onnx_path, path)
+    record = calibrate_restoration(path, digits.x_train, digits.x_test[:256], digits.y_test[:256])
+    anchors = SourceAnchors.select(digits.x_train, digits.y_train)
+    assert anchors is not None
+    write_metadata(
+        path,
+        {KEY_INPUT_NOISE: replace(record, strength=1.0).to_dict(), KEY_SOURCE_ANCHORS: anchors.to_dict()},
+    )
+    return path
+
+
+@pytest.mark.must
+def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_clean_one_runs_as_before(
+    anchored: Path, digits: Any, digits_export: Any
+) -> None:
+    """Gaussian noise read class by class: the first batch is measured before it is predicted, and the stream's
+    prior moves its deep layers' variances (the stem's and every mean stay the source's) to the anchors'
+    measured under its statistics; the predictions differ from ``anchors=False``. Clean digits open nothing:
+    no measurement pass, the engine's own prior, and the same predictions as without anchors. A model without
+    the record, or the policy's ``anchors=False``, keeps no input window."""
+    x, y = digits.x_test[256:576], digits.y_test[256:576]
+    noisy = corrupt(x, "gaussian_noise", 4, seed=0)
+    engine = TestTimeEngine(anchored, TestTimePolicy(ttt="bn"))
+    off = TestTimeEngine(anchored, TestTimePolicy(ttt="bn", anchors=False))
+    prior, adapter = engine._prior, engine.adapter
+    assert engine._anchors is not None and prior is not None and adapter is not None
+    assert off._anchors is None
+    stem = adapter.channels[0]
+    deep = np.concatenate([np.arange(p.start, p.stop) for p in engine._deep])
+
+    first = engine.new_stream()
+    engine.predict({"x": noisy[np.argsort(y, kind="stable")][:40]}, first)
+    assert first.prior is not None and first.prior[0] == 40  # measured on its own 40 inputs, again at 40
+    own = first.prior[1]
+    assert not np.allclose(own.var[deep], prior.var[deep], rtol=0.05)
+    np.testing.assert_array_equal(own.var[stem], prior.var[stem])
+    np.testing.assert_array_equal(own.mean, prior.mean)
+
+    acc, stream = run_stream(engine, engine.policy, noisy, y, "class-sorted", 32)
+    acc_off, stream_off = run_stream(off, off.policy, noisy, y, "class-sorted", 32)
+    assert stream.prior is not None and stream.prior[1] is not prior  # type: ignore[attr-defined]
+    assert stream_off.inputs is None and stream_off.prior is None  # type: ignore[attr-defined]
+    assert acc != acc_off
+
+    clean_on, clean_stream = run_stream(engine, engine.policy, x, y, "class-sorted", 32)
+    clean_off, _ = run_stream(off, off.policy, x, y, "class-sorted", 32)
+    assert clean_stream.prior is not None and clean_stream.prior[1] is prior  # type: ignore[attr-defined]
+    assert clean_on == clean_off
+    plain = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
+    assert plain._anchors is None
+    _, unrecorded = run_stream(plain, plain.policy, noisy, y, "class-sorted", 32)
+    assert unrecorded.inputs is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.smoke
+def test_the_policy_switch_is_a_boolean() -> None:
+    assert TestTimePolicy(ttt="bn").anchors is True
+    with pytest.raises(TestTimeError, match="anchors must be true or false"):
+        TestTimePolicy(ttt="bn", anchors="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.must
+def test_calibration_refuses_anchors_where_noisy_class_ordered_streams_do_not_gain(
+    anchored: Path, digits: Any, digits_export: Any
+) -> None:
+    """The tests' digits CNN, trained on crisp 8x8 digits, is one where the estimate does not hold: with its
+    inputs denoised, class-ordered streams of noisy digits lost 0.6-2 points with the anchors, and the
+    calibration the pipeline runs (noisy validation images read class by class) refuses them. A model the
+    engine cannot measure with (no input-noise record: nothing is restored, nothing read) gets none either."""
+    anchors = SourceAnchors.select(digits.x_train, digits.y_train)
+    assert anchors is not None
+    held, labels = digits.x_test[:256], digits.y_test[:256]
+    assert calibrate_anchors(anchored, anchors, held, labels) is False
+    assert calibrate_anchors(digits_export.onnx_path, anchors, held, labels) is False
+
+
+@pytest.mark.must
+def test_evaluate_takes_the_anchors_by_default_and_no_anchors_turns_them_off(
+    anchored: Path, digits: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``evaluate --ttt bn`` on a model that records anchors measures a noisy class-ordered stream against
+    them; ``--no-anchors`` does not, and the printed policy says which."""
+    data = tmp_path / "noisy.npz"
+    np.savez(data, x=corrupt(digits.x_test[256:576], "gaussian_noise", 4, seed=0), y=digits.y_test[256:576])
+    base = ["evaluate", str(anchored), "--data", str(data), "--ttt", "bn", "--order", "class-sorted"]
+    out = {}
+    for flag in ("--anchors", "--no-anchors"):
+        assert main([*base, flag, "--batch-size", "32", "--format", "json"]) == 0
+        out[flag] = json.loads(capsys.readouterr().out)
+    assert out["--anchors"]["policy"]["anchors"] is True and out["--no-anchors"]["policy"]["anchors"] is False
+    assert out["--anchors"]["accuracy"] != out["--no-anchors"]["accuracy"]
+
+
+@pytest.mark.smoke
+def test_calibration_refuses_anchors_for_a_model_without_batchnorm(mlp_export: Any) -> None:
+    """The pipeline's MLP and other BN-free networks adapt nothing: no anchors, and no error."""
+    x = np.random.default_rng(0).standard_normal((64, 1, 8, 8)).astype(np.float32)
+    anchors = SourceAnchors(x[:20], np.repeat(np.arange(10), 2))
+    assert calibrate_anchors(mlp_export.onnx_path, anchors, x, np.arange(64) % 10) is False
