@@ -63,6 +63,7 @@ def test_the_record_round_trips_and_a_malformed_one_is_refused_with_a_way_around
         {**record, "labels": record["labels"][:-1]},
         {**record, "data": "not base64!"},
         {**record, "shape": [3, 2]},
+        {**record, "shape": []},
         {k: v for k, v in record.items() if k != "data"},
     ):
         with pytest.raises(TestTimeError, match="source_anchors record is malformed") as err:

@@ -135,7 +135,7 @@ class SourceAnchors:
             x = np.frombuffer(raw, "<f2").astype(np.float32).reshape(shape)
             if labels.shape != (shape[0],) or not np.isfinite(x).all():
                 raise ValueError(f"{labels.size} labels for {shape[0]} examples, or values not finite")
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise TestTimeError(
                 f"the model's modelexport.source_anchors record is malformed ({exc})",
                 hint="re-run the image pipeline, or adapt without it: --no-anchors (anchors=False)",
