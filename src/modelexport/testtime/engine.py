@@ -496,7 +496,8 @@ class TestTimeEngine:
         """The stream's robust statistics for a batch of ``n``, recomputed once the memory has taken
         ``REFRESH_EXAMPLES`` examples since (every batch of that many or more), or when the batch size or the
         affine parameters changed: at batch size 1 the blend costs more than the memory moves (1/64 an
-        example)."""
+        example). Where it is due, the stream's shift is measured against the source anchors first
+        (:meth:`_measure`), under the statistics the last batch ran with."""
         bank, cached = stream.bank, stream.statistics
         clock = bank.clock if bank is not None else -REFRESH_EXAMPLES
         if cached is not None:
