@@ -1,4 +1,4 @@
-"""Source anchors (``testtime/anchors.py``): the record, the stream's input window, and the deep variances a
+"""Source anchors (``testtime/anchors.py``): the record, the stream's shift window, and the deep variances a
 noisy stream measures against them."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from modelexport.metadata.schema import KEY_INPUT_NOISE, KEY_SOURCE_ANCHORS
 from modelexport.testtime.anchors import (
     MIN_PER_CLASS,
     PER_CLASS,
-    InputWindow,
+    ShiftWindow,
     SourceAnchors,
     deep_variances,
 )
@@ -72,15 +72,29 @@ def test_the_record_round_trips_and_a_malformed_one_is_refused_with_a_way_around
 
 
 @pytest.mark.smoke
-def test_the_input_window_keeps_a_streams_last_inputs() -> None:
-    window = InputWindow(5)
+def test_the_shift_window_keeps_a_streams_last_examples_and_drops_measured_rows() -> None:
+    window = ShiftWindow(5)
     for start in range(0, 12, 3):
-        window.push(np.arange(start, start + 3, dtype=np.float32)[:, None])
+        window.push_inputs(np.arange(start, start + 3, dtype=np.float32)[:, None])
     assert len(window) == 5
-    np.testing.assert_array_equal(window.array()[:, 0], np.arange(7, 12))
-    one = InputWindow(4)
-    one.push(np.zeros((9, 1)))  # a batch larger than the window
-    assert len(one) == 4 and one.array().shape == (4, 1)
+    inputs, rows, classes = window.parts()
+    assert inputs is not None and rows is None and classes is None
+    np.testing.assert_array_equal(inputs[:, 0], np.arange(7, 12))
+    one = ShiftWindow(4)
+    one.push_inputs(np.zeros((9, 1)))  # a batch larger than the window
+    assert len(one) == 4 and one.parts()[0].shape == (4, 1)  # type: ignore[union-attr]
+    # a small batch's rows: kept as its pass gave them, dropped at a measurement; inputs are kept
+    mixed = ShiftWindow(6)
+    mixed.push_inputs(np.zeros((2, 1)))
+    for i in range(5):
+        mixed.push_rows(np.full((1, 4), float(i)), np.array([i]))
+    inputs, rows, classes = mixed.parts()
+    assert len(mixed) == 6 and inputs is not None and inputs.shape == (1, 1)  # the oldest input fell out
+    assert rows is not None and classes is not None
+    np.testing.assert_array_equal(rows[:, 0], np.arange(5))
+    np.testing.assert_array_equal(classes, np.arange(5))
+    mixed.measured()
+    assert len(mixed) == 2 and mixed.parts()[1] is None  # both inputs are back: nothing beyond the window
 
 
 def _rows(means: np.ndarray, spread: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -141,7 +155,7 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
     prior moves its deep layers' variances (the stem's and every mean stay the source's) to the anchors'
     measured under its statistics; the predictions differ from ``anchors=False``. Clean digits open nothing:
     no measurement pass, the engine's own prior, and the same predictions as without anchors. A model without
-    the record, or the policy's ``anchors=False``, keeps no input window."""
+    the record, or the policy's ``anchors=False``, keeps no shift window."""
     x, y = digits.x_test[256:576], digits.y_test[256:576]
     noisy = corrupt(x, "gaussian_noise", 4, seed=0)
     engine = TestTimeEngine(anchored, TestTimePolicy(ttt="bn"))
@@ -163,7 +177,7 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
     acc, stream = run_stream(engine, engine.policy, noisy, y, "class-sorted", 32)
     acc_off, stream_off = run_stream(off, off.policy, noisy, y, "class-sorted", 32)
     assert stream.prior is not None and stream.prior[1] is not prior  # type: ignore[attr-defined]
-    assert stream_off.inputs is None and stream_off.prior is None  # type: ignore[attr-defined]
+    assert stream_off.window is None and stream_off.prior is None  # type: ignore[attr-defined]
     assert acc != acc_off
 
     clean_on, clean_stream = run_stream(engine, engine.policy, x, y, "class-sorted", 32)
@@ -173,7 +187,39 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
     plain = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
     assert plain._anchors is None
     _, unrecorded = run_stream(plain, plain.policy, noisy, y, "class-sorted", 32)
-    assert unrecorded.inputs is None  # type: ignore[attr-defined]
+    assert unrecorded.window is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.must
+def test_a_batch_one_stream_measures_the_anchors_alone_against_the_rows_its_passes_gave(
+    anchored: Path, digits: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One noisy example at a time, read class by class: the engine's passes, counted (each still runs), are
+    one example each but the three measurements in 200 examples -- from 32 examples on, and each time the
+    stream has doubled -- which run the anchors alone, not the window's inputs again. The measured prior
+    moves the deep variances only, as at batch 40."""
+    x, y = digits.x_test[256:576], digits.y_test[256:576]
+    noisy = corrupt(x, "gaussian_noise", 4, seed=0)[np.argsort(y, kind="stable")][:200]
+    engine = TestTimeEngine(anchored, TestTimePolicy(ttt="bn"))
+    adapter, prior, anchors = engine.adapter, engine._prior, engine._anchors
+    assert adapter is not None and prior is not None and anchors is not None
+    sizes: list[int] = []
+    run = adapter.run_with_statistics
+
+    def counted(feeds: dict[str, np.ndarray], *args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(feeds[engine.input_name]))
+        return run(feeds, *args, **kwargs)
+
+    monkeypatch.setattr(adapter, "run_with_statistics", counted)
+    stream = engine.new_stream()
+    for i in range(len(noisy)):
+        engine.predict({engine.input_name: noisy[i : i + 1]}, stream)
+    assert [n for n in sizes if n > 1] == [len(anchors.labels)] * 3
+    assert stream.prior is not None and 2 * 128 <= stream.prior[0] <= 2 * 200  # twice its length then
+    own, deep = stream.prior[1], np.concatenate([np.arange(p.start, p.stop) for p in engine._deep])
+    assert not np.allclose(own.var[deep], prior.var[deep], rtol=0.05)
+    np.testing.assert_array_equal(own.var[adapter.channels[0]], prior.var[adapter.channels[0]])
+    np.testing.assert_array_equal(own.mean, prior.mean)
 
 
 @pytest.mark.smoke

@@ -11,8 +11,8 @@ stream read class by class paid for it (seed 12, noise 4: class 0 68% against 90
 statistics).
 
 On those networks what noise does to a deep layer's variance is nearly the same for every class. The stream's
-examples' within-class variance over that of the anchors of the same (predicted) classes, both measured in one pass
-under the stream's statistics and taken as the median over the layer's channels, is a class-neutral ratio; times
+examples' within-class variance over that of the anchors of the same (predicted) classes, both measured under the
+stream's statistics and taken as the median over the layer's channels, is a class-neutral ratio; times
 the variance of all the anchors under those statistics it estimates the whole data's deep variance. From one batch
 of one class it predicted the whole noisy test set as well as the set's own exact statistics did (seeds 12 and 25,
 noise 4: 0.898 and 0.908 against 0.893 and 0.905). The anchors must be measured under the stream's statistics: the
@@ -50,7 +50,7 @@ __all__ = [
     "NOISE_OPEN",
     "PER_CLASS",
     "WINDOW",
-    "InputWindow",
+    "ShiftWindow",
     "SourceAnchors",
     "deep_variances",
 ]
@@ -61,15 +61,16 @@ PER_CLASS = 8
 #: per class, and none below ``MIN_PER_CLASS`` (a within-class variance needs two).
 MAX_VALUES = 2**20
 MIN_PER_CLASS = 2
-#: A stream measures its deep layers' shift on its last this many inputs (one pass of them and the anchors) ...
+#: A stream measures its deep layers' shift on its last this many examples (``ShiftWindow``) ...
 WINDOW = 128
-#: ... again once it has seen as many examples since as it had then (at least the inputs measured), at most this
-#: many: the early measurements, while one or two classes have streamed by, are the ones that count, and the
-#: pass costs 1.6 batches of 128 (at batch 32, a measurement every 128 examples made ``--ttt bn`` on a noisy
-#: stream 3.05x plain instead of 1.21x).
+#: ... again once it has seen as many examples since as it had then (at least the examples measured), at most this
+#: many: the early measurements, while one or two classes have streamed by, are the ones that count (measured
+#: again once the stream quadrupled instead, class-ordered noise 4 at batch 1 lost 0.24 points on average over
+#: the pipeline's twenty-nine digits networks), and each costs a pass of the anchors (80 examples on digits: 64
+#: plain runs of one example).
 LONGEST = 1024
-#: A stream's first measurement waits for this many inputs (a stream's first batch of this many is measured on
-#: itself, before it is predicted).
+#: A stream's first measurement waits for this many examples (a stream's first batch of this many is measured
+#: on itself, before it is predicted).
 MIN_EXAMPLES = 32
 #: The inputs' mean excess noise (``denoise.restore_measured``) at which the measured variances start to replace
 #: the source's, fully at twice it: noise 2 reads 0.05, 3 0.09-0.10, 4 0.17-0.19 (the pipeline's digits
@@ -143,26 +144,68 @@ class SourceAnchors:
         return cls(x, labels)
 
 
-class InputWindow:
-    """A stream's last ``size`` inputs (as adapted: restored), kept as the batches that brought them."""
+class ShiftWindow:
+    """A stream's last ``size`` examples for its next measurement (``engine.TestTimeEngine._measure``), as
+    its batches brought them: a batch's inputs (as adapted: restored), run with the anchors under the
+    statistics of the moment, or, for a batch smaller than ``streams.MIN_BATCH``, the rows and predicted
+    classes its own pass gave. Such a batch weighs little in its statistics (``engine._memory_state``), so
+    its rows are those a measurement would give, and the measurement runs the anchors alone: at batch 1
+    re-running the inputs made a noisy stream's first 200 examples cost 4.6x plain. Rows were measured
+    under the prior of their time and are dropped at a measurement (:meth:`measured`); inputs are measured
+    afresh each time."""
 
     def __init__(self, size: int = WINDOW) -> None:
         self.size = size
-        self._chunks: deque[np.ndarray] = deque()
+        self._batches: deque[_Batch] = deque()
         self._count = 0
 
     def __len__(self) -> int:
         return min(self._count, self.size)
 
-    def push(self, x: np.ndarray) -> None:
-        self._chunks.append(x)
-        self._count += len(x)
-        while self._count - len(self._chunks[0]) >= self.size:
-            self._count -= len(self._chunks.popleft())
+    def push_inputs(self, x: np.ndarray) -> None:
+        self._push(_Batch(len(x), x=x))
 
-    def array(self) -> np.ndarray:
-        """The last ``size`` inputs, oldest first."""
-        return np.concatenate(self._chunks)[-self.size :]
+    def push_rows(self, rows: np.ndarray, classes: np.ndarray) -> None:
+        self._push(_Batch(len(classes), rows=rows, classes=classes))
+
+    def _push(self, batch: _Batch) -> None:
+        self._batches.append(batch)
+        self._count += batch.size
+        while self._count - self._batches[0].size >= self.size:
+            self._count -= self._batches.popleft().size
+
+    def parts(self) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """The last ``size`` examples: (their inputs, their rows, the rows' classes), each None where there
+        are none."""
+        skip = max(0, self._count - self.size)  # the oldest batch's examples beyond the window
+        inputs, rows, classes = [], [], []
+        for batch in self._batches:
+            if batch.x is not None:
+                inputs.append(batch.x[skip:])
+            if batch.rows is not None and batch.classes is not None:
+                rows.append(batch.rows[skip:])
+                classes.append(batch.classes[skip:])
+            skip = 0
+        return _joined(inputs), _joined(rows), _joined(classes)
+
+    def measured(self) -> None:
+        """Drop the rows: the next measurement's are to be measured under the prior this one gave."""
+        self._batches = deque(batch for batch in self._batches if batch.x is not None)
+        self._count = sum(batch.size for batch in self._batches)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One batch in a :class:`ShiftWindow`: its inputs, or its rows and predicted classes."""
+
+    size: int
+    x: np.ndarray | None = None
+    rows: np.ndarray | None = None
+    classes: np.ndarray | None = None
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray | None:
+    return np.concatenate(parts) if parts else None
 
 
 def _within_variance(
@@ -188,8 +231,8 @@ def deep_variances(
     """``base`` (variances over every BN channel) with each deep layer's (``layers``) replaced by the anchors'
     pooled variance times the median over its channels of the stream examples' within-class variance over the
     anchors' of the same classes (weighted by the examples' count; classes with two examples and two anchors).
-    ``rows``/``anchor_rows``: per-example BN statistics (N, 2 x width: means, then mean squares) from one pass
-    under the same statistics; ``classes``: the examples' predicted classes. None where no class qualifies."""
+    ``rows``/``anchor_rows``: per-example BN statistics (N, 2 x width: means, then mean squares) under the
+    same statistics; ``classes``: the examples' predicted classes. None where no class qualifies."""
     width = rows.shape[1] // 2
     predicted = dict(zip(*np.unique(classes, return_counts=True), strict=True))
     held = dict(zip(*np.unique(anchor_labels, return_counts=True), strict=True))

@@ -31,7 +31,15 @@ from ..metadata.schema import KEY_INPUT_NOISE, KEY_SOURCE_ANCHORS
 from ..runtime.session import SessionConfig, SessionInfo, create_session
 from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
-from .anchors import LONGEST, MIN_EXAMPLES, NOISE_OPEN, WINDOW, InputWindow, SourceAnchors, deep_variances
+from .anchors import (
+    LONGEST,
+    MIN_EXAMPLES,
+    NOISE_OPEN,
+    WINDOW,
+    ShiftWindow,
+    SourceAnchors,
+    deep_variances,
+)
 from .augment import make_views
 from .denoise import InputNoise, calibrate, measurable, noisy_levels, restore_measured
 from .graph import ModelLike, load_model, mixed_statistics
@@ -198,11 +206,17 @@ class TestTimeEngine:
         return noise if noise.strength or noise.sharpen else None
 
     def _source_anchors(self, model: onnx.ModelProto) -> SourceAnchors | None:
-        """The model's recorded anchors (``modelexport.source_anchors``) where this engine takes them."""
+        """The model's recorded anchors (``modelexport.source_anchors``) where this engine takes them, in its
+        input's type."""
         if not self._takes_anchors():
             return None
         record = read_metadata(model).get(KEY_SOURCE_ANCHORS)
-        return SourceAnchors.from_dict(record) if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            return None
+        anchors = SourceAnchors.from_dict(record)
+        vi = next(i for i in self.inputs if i.name == self.input_name)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        return replace(anchors, x=anchors.x.astype(dtype, copy=False))
 
     def _takes_anchors(self) -> bool:
         """Whether this engine measures a noisy stream's deep variances against source anchors (``anchors.py``):
@@ -450,47 +464,64 @@ class TestTimeEngine:
 
     def _measure(self, stream: Stream, state: BNState, noise: float, clock: int) -> None:
         """The stream's own prior (``anchors.py``): as far as its inputs' excess ``noise`` opens it
-        (``NOISE_OPEN``), the deeper layers' source variances replaced by the anchors' measured with its last
-        inputs in one pass under ``state`` (the stem with the given statistics alone), scaled by how its examples
-        differ from the anchors of their predicted classes. Where nothing opens it, no pass: the engine's prior.
-        Measured again once the stream has seen as many examples since as it had (at least the inputs measured,
-        at most ``LONGEST``): ``clock``, the examples its memory took so far."""
-        anchors, adapter, prior = self._anchors, self.adapter, self._prior
-        assert anchors is not None and adapter is not None and prior is not None and stream.inputs is not None
-        n = len(stream.inputs)
-        due = clock + min(max(n, clock), LONGEST)
+        (``NOISE_OPEN``), the deeper layers' source variances replaced by the anchors' measured under
+        ``state`` (the stem with the given statistics alone), scaled by how the stream's last examples differ
+        from the anchors of their predicted classes. One pass runs the anchors and the window's inputs; a small
+        batch's rows are its own pass's (``ShiftWindow``). Where nothing opens it, no pass: the engine's prior.
+        Measured again once the stream has seen as many examples since as it had (at least the examples
+        measured, at most ``LONGEST``): ``clock``, the examples its memory took so far."""
+        anchors, adapter, prior, window = self._anchors, self.adapter, self._prior, stream.window
+        assert anchors is not None and adapter is not None and prior is not None and window is not None
+        due = clock + min(max(len(window), clock), LONGEST)
+        inputs, rows, classes = window.parts()
+        window.measured()
         share = opening(noise, NOISE_OPEN)
-        recent = stream.inputs.array() if share else None
-        if recent is None or recent.shape[1:] != anchors.x.shape[1:]:  # no noise to measure, or another size
+        if not share:  # no noise to measure
             stream.prior = (due, prior)
             return
-        feeds = {self.input_name: np.concatenate([recent, anchors.x.astype(recent.dtype, copy=False)])}
-        logits, rows, _ = adapter.run_with_statistics(feeds, adapter.unmixed(state), self.output_name)
-        var = deep_variances(rows[:n], _classes(logits[:n]), rows[n:], anchors.labels, self._deep, prior.var)
+        x = anchors.x if inputs is None else np.concatenate([inputs, anchors.x])
+        logits, out, _ = adapter.run_with_statistics(
+            {self.input_name: x}, adapter.unmixed(state), self.output_name
+        )
+        k = len(x) - len(anchors.x)
+        if k:
+            rows = out[:k] if rows is None else np.concatenate([rows, out[:k]])
+            measured = _classes(logits[:k])
+            classes = measured if classes is None else np.concatenate([classes, measured])
+        assert rows is not None and classes is not None
+        var = deep_variances(rows, classes, out[k:], anchors.labels, self._deep, prior.var)
         stream.prior = (due, prior if var is None else prior.with_deep_variances(var, share))
 
     def _measure_due(self, stream: Stream) -> bool:
         """Whether the stream measures its shift (again): the model records anchors, the stream has
-        ``MIN_EXAMPLES`` inputs, and it is due (:meth:`_measure`)."""
-        if self._anchors is None or stream.inputs is None or stream.bank is None:
+        ``MIN_EXAMPLES`` examples in its window, and it is due (:meth:`_measure`)."""
+        if self._anchors is None or stream.window is None or stream.bank is None:
             return False
-        return len(stream.inputs) >= MIN_EXAMPLES and (
+        return len(stream.window) >= MIN_EXAMPLES and (
             stream.prior is None or stream.bank.clock >= stream.prior[0]
         )
 
     def _window(
         self, stream: Stream, x: np.ndarray, noise: np.ndarray | None, affine: BNState | None, first: bool
-    ) -> None:
-        """The stream's last inputs take the batch's; a first batch of ``MIN_EXAMPLES`` or more measures its own
-        shift before it is predicted (:meth:`_measure`): a class-ordered stream's first class is the one the
-        source's deep variances cost most."""
-        if stream.inputs is None:
-            stream.inputs = InputWindow(WINDOW)
-        stream.inputs.push(x)
+    ) -> bool:
+        """Whether the batch's rows go to the stream's window after its pass (a batch smaller than
+        ``MIN_BATCH``; a larger one's inputs go now): a batch of another size than the anchors' is not
+        measured. A first batch of ``MIN_EXAMPLES`` or more measures its own shift before it is predicted
+        (:meth:`_measure`): a class-ordered stream's first class is the one the source's deep variances cost
+        most."""
+        assert self._anchors is not None
+        if x.shape[1:] != self._anchors.x.shape[1:]:
+            return False
+        if stream.window is None:
+            stream.window = ShiftWindow(WINDOW)
+        if len(x) < MIN_BATCH:
+            return True
+        stream.window.push_inputs(x)
         if stream.bank is None and stream.prior is None and len(x) >= MIN_EXAMPLES and noise is not None:
             n = len(x)
             state = self._first_state(n, affine) if first else self._memory_state(None, n, affine)
             self._measure(stream, state, float(noise.mean()), 0)
+        return False
 
     def _statistics(self, stream: Stream, n: int) -> BNState:
         """The stream's robust statistics for a batch of ``n``, recomputed once the memory has taken
@@ -535,8 +566,9 @@ class TestTimeEngine:
             bank = stream.bank if continual else None
             affine = stream.state
             first = self._first(stream)
+            keep_rows = False
             if continual and self._anchors is not None:
-                self._window(stream, feeds[self.input_name], readings[0], affine, first)
+                keep_rows = self._window(stream, feeds[self.input_name], readings[0], affine, first)
             own = self._stream_prior(stream)
             if first:
                 state = self._first_state(n, affine, prior=own)
@@ -552,6 +584,8 @@ class TestTimeEngine:
                     classes_out = logits.shape[1] if logits.ndim == 2 and logits.shape[1] > 1 else 1
                     bank = stream.bank = StatisticsMemory(p.memory_size, stats.shape[1], classes_out)
                 bank.add(stats, classes, *readings)
+                if keep_rows and stream.window is not None:
+                    stream.window.push_rows(stats, classes)
                 if stream.labels is None:
                     stream.labels = LabelHistory()
                 stream.labels.push(classes)

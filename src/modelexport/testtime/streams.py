@@ -38,7 +38,7 @@ import numpy as np
 from .._numeric import MAX_SEED, is_seed
 from .._registry import Registry
 from ..errors import TestTimeError
-from .anchors import InputWindow
+from .anchors import ShiftWindow
 from .memory import StatisticsMemory, StatisticsPrior
 from .tail import TailBuffer
 
@@ -442,8 +442,8 @@ class Stream:
     tail: TailBuffer | None = None
     #: The blended statistics last computed: (memory clock, batch size, affine parameters, state).
     statistics: tuple[int, int, Any, dict[str, np.ndarray]] | None = None
-    #: The last inputs adapted on, where the model records source anchors (``anchors.py``).
-    inputs: InputWindow | None = None
+    #: The last examples adapted on, for the next measurement against the source anchors (``anchors.py``).
+    window: ShiftWindow | None = None
     #: The memory clock at which the stream measures its shift again, and the source prior with the deep
     #: variances its noise measured against the anchors (None: not measured yet; the engine's prior).
     prior: tuple[int, StatisticsPrior] | None = None
@@ -461,4 +461,4 @@ class Stream:
     def reset(self) -> None:
         """Back to the source model: no adapted state, no memory."""
         self.state, self.memory, self.seen, self.bank, self.tail = None, {}, 0, None, None
-        self.statistics, self.inputs, self.prior = None, None, None
+        self.statistics, self.window, self.prior = None, None, None
