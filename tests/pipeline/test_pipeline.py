@@ -158,15 +158,18 @@ def test_image_package_records_source_anchors_where_its_calibration_keeps_them(r
 def test_cli_onnx_path_static_quantization_fixed_policy(
     digits_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``--output_model dir/clf.onnx``: clf.onnx, clf_static.onnx beside it; a fixed TTA policy reaches inference."""
+    """``--output_model dir/clf.onnx``: clf.onnx, clf_static.onnx beside it; a fixed TTA policy reaches inference;
+    ``--anchors false`` records no training images."""
     import modelexport
+    from modelexport.metadata.schema import KEY_INPUT_NOISE, KEY_SOURCE_ANCHORS
     from modelexport.testtime.policy import TestTimePolicy
 
     out = tmp_path / "deploy" / "clf.onnx"
     rc = main(
         ["pipeline", "--dataset-path", str(digits_folder), "--output_model", str(out), "--epochs", "1",
          "--quantize", "static", "--tta", "true", "--tta_transforms", "identity,hflip", "--ttt", "false",
-         "--optimize_policy", "false", "--iterations", "1", "--log_level", "WARNING", "--report", str(tmp_path / "r.json")]
+         "--optimize_policy", "false", "--iterations", "1", "--log_level", "WARNING", "--report", str(tmp_path / "r.json"),
+         "--anchors", "false"]
     )  # fmt: skip
     captured = capsys.readouterr()
     assert rc == 0, captured.err
@@ -185,6 +188,10 @@ def test_cli_onnx_path_static_quantization_fixed_policy(
         == policy.tta_transforms
     )
     assert "Pipeline configuration" in captured.out and "Pipeline report" in captured.out
+    # --anchors false: no training images in either model, the input-noise record as always
+    for name in ("clf.onnx", "clf_static.onnx"):
+        stored = modelexport.read_metadata(out.parent / name)
+        assert KEY_SOURCE_ANCHORS not in stored and KEY_INPUT_NOISE in stored, name
 
 
 @pytest.mark.must

@@ -152,6 +152,7 @@ def test_optimize_policy_flag_and_dash_spelling() -> None:
     assert parse(["--optimize-policy", "false"]).optimize_policy is False
     assert parse(["--optimize_policy"]).optimize_policy is True
     assert parse(["--mc-dropout", "4", "--ttt-iterations", "3", "--quantize", "none"]).mc_dropout == 4
+    assert parse([]).anchors is True and parse(["--anchors", "false"]).anchors is False
 
 
 # -- 5. --help true to the code ---------------------------------------------------------------------------

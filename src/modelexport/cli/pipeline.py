@@ -189,6 +189,17 @@ def _opt(name: str, **kwargs: object) -> Callable[[Decorated], Decorated]:
     help="Search the test-time settings left open on the validation set (what you set always runs); false: "
     "open settings take the model type's default.",
 )
+@_opt(
+    "anchors",
+    type=click.BOOL,
+    is_flag=False,
+    flag_value=True,
+    default=True,
+    show_default=True,
+    help="Image models: record eight training images per class in the package (modelexport.source_anchors), "
+    "against which test-time adaptation measures a noisy stream, where the validation images gain from them; "
+    "false: record none (they are training data).",
+)
 @_opt("report", default=None, help="Report JSON path [default: pipeline_report.json beside the model].")
 @overwrite_option(
     "--output_model and --report",

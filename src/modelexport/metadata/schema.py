@@ -86,7 +86,8 @@ KEY_EMBEDDING = "modelexport.embedding"
 KEY_INPUT_NOISE = "modelexport.input_noise"
 #: A few of the source's own examples per class, as model inputs (``testtime/anchors.py``: ``{"shape",
 #: "labels", "encoding", "data"}``, float16 in base64): the image pipeline records them beside the input-noise
-#: record, and test-time adaptation measures a noisy stream's deep BN variances against them.
+#: record (unless ``--anchors false``), and test-time adaptation measures a noisy stream's deep BN variances
+#: against them.
 KEY_SOURCE_ANCHORS = "modelexport.source_anchors"
 KEY_ENCODING = "modelexport.metadata_encoding"
 KEY_CHECKSUM = "modelexport.metadata_checksum"

@@ -58,6 +58,10 @@ class PipelineConfig:
     iterations: int = 3
     latency_budget_ms: float | None = None
     optimize_policy: bool = True
+    #: Image models: record a few training images per class with the model (``modelexport.source_anchors``),
+    #: against which test-time adaptation measures a noisy stream, where its validation images gain from them;
+    #: False: none (they are training data, and the package carries them).
+    anchors: bool = True
     report: str | None = None
     progress: bool = True
     max_length: int = 128

@@ -301,8 +301,8 @@ class PipelineRun:
         so that test-time adaptation restores inputs against them; and a few training images per class
         (``modelexport.source_anchors``), against which it measures a noisy stream's deep BN variances
         (testtime/anchors.py), where class-ordered streams of noisy validation images gain from them
-        (``calibrate_anchors``). The pipeline's image networks take a dynamic batch: each calibration set runs
-        as one batch."""
+        (``calibrate_anchors``) and ``--anchors`` asks for them. The pipeline's image networks take a dynamic
+        batch: each calibration set runs as one batch."""
         if train.kind != "image":
             return
         images = [self._images(fp32, data) for data in (train, val)]
@@ -313,13 +313,16 @@ class PipelineRun:
         record = calibrate_restoration(deployed, x_train, x_val, y_val, self.cfg.seed, providers=cpu)
         for path in {deployed, fp32}:
             write_metadata(path, {KEY_INPUT_NOISE: record.to_dict()})
-        anchors = None if y_train is None else SourceAnchors.select(x_train, y_train, seed=self.cfg.seed)
+        anchors, kept = None, False
+        if self.cfg.anchors and y_train is not None:
+            anchors = SourceAnchors.select(x_train, y_train, seed=self.cfg.seed)
         if anchors is not None:
             kept = calibrate_anchors(deployed, anchors, x_val, y_val, self.cfg.seed, providers=cpu)
             if kept:
                 for path in {deployed, fp32}:
                     write_metadata(path, {KEY_SOURCE_ANCHORS: anchors.to_dict()})
-            self.details["source_anchors"] = {"examples": len(anchors.labels), "recorded": kept}
+        examples = 0 if anchors is None else len(anchors.labels)
+        self.details["source_anchors"] = {"asked": self.cfg.anchors, "examples": examples, "recorded": kept}
         self.details["input_noise"] = record.to_dict()
 
     def _images(self, fp32: Path, data: Dataset) -> tuple[np.ndarray | None, np.ndarray | None]:
