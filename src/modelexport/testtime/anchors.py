@@ -66,8 +66,8 @@ WINDOW = 128
 #: ... again once it has seen as many examples since as it had then (at least the examples measured), at most this
 #: many: the early measurements, while one or two classes have streamed by, are the ones that count (measured
 #: again once the stream quadrupled instead, class-ordered noise 4 at batch 1 lost 0.24 points on average over
-#: the pipeline's twenty-nine digits networks), and each costs a pass of the anchors (80 examples on digits: 64
-#: plain runs of one example).
+#: the pipeline's twenty-nine digits networks), and each costs a pass of the anchors (80 examples on the digits
+#: networks: as long as 64 plain runs of one example there).
 LONGEST = 1024
 #: A stream's first measurement waits for this many examples (a stream's first batch of this many is measured
 #: on itself, before it is predicted).
