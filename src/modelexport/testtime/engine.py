@@ -211,9 +211,10 @@ class TestTimeEngine:
         if not self._takes_anchors():
             return None
         record = read_metadata(model).get(KEY_SOURCE_ANCHORS)
-        if not isinstance(record, dict):
-            return None
-        anchors = SourceAnchors.from_dict(record)
+        return self._as_input(SourceAnchors.from_dict(record)) if isinstance(record, dict) else None
+
+    def _as_input(self, anchors: SourceAnchors) -> SourceAnchors:
+        """``anchors`` in the type of this engine's input: a measurement may run them alone."""
         vi = next(i for i in self.inputs if i.name == self.input_name)
         dtype = onnx.helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
         return replace(anchors, x=anchors.x.astype(dtype, copy=False))
@@ -790,7 +791,7 @@ def calibrate_anchors(
     measured = TestTimeEngine(source, TestTimePolicy(ttt="bn"), providers)
     if not measured._takes_anchors():
         return False
-    measured._anchors = anchors
+    measured._anchors = measured._as_input(anchors)
     unmeasured = TestTimeEngine(source, TestTimePolicy(ttt="bn", anchors=False), providers)
     order = StreamOrder("class-sorted").indices(labels)
     y = np.asarray(labels)[order]
