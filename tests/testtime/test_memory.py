@@ -108,6 +108,52 @@ def test_the_memory_keeps_what_balanced_keep_keeps_of_its_entries_and_a_batch() 
             assert memory.distinct == len(np.unique(labels))
 
 
+def _replaced(labels: np.ndarray, ages: np.ndarray, label: int) -> int:
+    """The entry a full memory drops for one example of ``label``, by its rule written out: the oldest of its
+    own class where that class is among the largest, else the oldest of the largest classes' oldest."""
+    counts = np.bincount(labels)
+    largest = counts.max()
+    if label < len(counts) and counts[label] == largest:
+        victim = label
+    else:
+        victim = min((ages[labels == c].min(), c) for c in np.flatnonzero(counts == largest))[1]
+    members = np.flatnonzero(labels == victim)
+    return int(members[np.argmin(ages[members])])
+
+
+@pytest.mark.must
+def test_the_memory_takes_single_examples_and_batches_in_any_mix() -> None:
+    """One example at a time (how a batch-1 stream fills and then runs its memory) and batches, mixed: the
+    memory must hold exactly what the rules keep -- a batch what :func:`balanced_keep` picks, one example into
+    a full memory the entry :func:`_replaced` names -- with their running moments and readings."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        capacity, classes = int(rng.integers(1, 24)), int(rng.integers(1, 8))
+        memory = StatisticsMemory(capacity, 2, classes)
+        labels, ages, rows, clock = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 2)), 0
+        for _ in range(int(rng.integers(1, 40))):
+            n = int(rng.choice([1, 1, 1, 2, 16]))
+            batch = rng.integers(0, classes, n)
+            new_rows = rng.standard_normal((n, 2))
+            memory.add(new_rows, batch, new_rows[:, 1] ** 2, np.abs(new_rows[:, 0]))
+            if n == 1 and len(labels) == capacity:
+                j = _replaced(labels, ages, int(batch[0]))
+                labels[j], ages[j], rows[j] = batch[0], clock + 1, new_rows[0]
+            else:
+                labels, rows = np.concatenate([labels, batch]), np.concatenate([rows, new_rows])
+                ages = np.concatenate([ages, clock + 1 + np.arange(n)])
+                if len(labels) > capacity:
+                    keep = balanced_keep(labels, ages, capacity)
+                    labels, ages, rows = labels[keep], ages[keep], rows[keep]
+            clock += n
+            held, order = np.argsort(memory.ages[: memory.size]), np.argsort(ages)
+            np.testing.assert_array_equal(memory.ages[: memory.size][held], ages[order])
+            np.testing.assert_array_equal(memory.classes[: memory.size][held], labels[order])
+            np.testing.assert_allclose(memory.moments(), rows.mean(axis=0), rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(memory.noise_level, (rows[:, 1] ** 2).mean(), rtol=1e-12)
+            assert memory.size == len(labels) and memory.distinct == len(np.unique(labels))
+
+
 @pytest.mark.must
 def test_the_quota_of_a_few_classes_equals_the_vectorised_one(monkeypatch: pytest.MonkeyPatch) -> None:
     from modelexport.testtime import memory

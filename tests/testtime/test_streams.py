@@ -287,5 +287,5 @@ def test_the_class_window_counts_the_last_predictions_whatever_the_batch_sizes()
         classes = rng.integers(0, 5, int(n))
         window.push(classes)
         seen = np.concatenate([seen, classes])[-64:]
-        np.testing.assert_array_equal(window.counts, np.bincount(seen, minlength=5))
+        np.testing.assert_array_equal(window.counts(5), np.bincount(seen, minlength=5))
         assert sorted(window.ring[window.ring >= 0].tolist()) == sorted(seen.tolist())

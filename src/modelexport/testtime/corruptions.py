@@ -56,8 +56,10 @@ def _contrast(x: np.ndarray, factor: float, rng: np.random.Generator) -> np.ndar
     return (x - mean) * factor + mean
 
 
+@lru_cache(maxsize=64)
 def gaussian_kernel(sigma: float) -> tuple[float, ...]:
-    """The normalised 1-D Gaussian of ``sigma`` pixels, radius 3 sigma (at least 1)."""
+    """The normalised 1-D Gaussian of ``sigma`` pixels, radius 3 sigma (at least 1); cached, as the filter
+    matrices are (a batch-1 stream denoises every example)."""
     radius = max(1, int(np.ceil(3 * sigma)))
     t = np.arange(-radius, radius + 1)
     k = np.exp(-(t**2) / (2 * sigma**2))

@@ -636,7 +636,7 @@ class OnnxTorchModule:
             )
         self.model = model
         self.train_bn = train_bn
-        self.steps = [
+        steps = [
             _Step(SUPPORTED_OPS.get(n.op_type), _op_node(n, s, train_bn), tuple(n.input))
             for n, s in zip(model.graph.node, schemas, strict=True)
             if s is not None
@@ -653,6 +653,10 @@ class OnnxTorchModule:
                 tensor = torch.nn.Parameter(tensor.float())
                 self.parameters[t.name] = tensor
             self.values[t.name] = tensor
+        # Constant nodes are values like the initializers, made once: a tail step runs the graph per step
+        for step in (s for s in steps if s.node.op == "Constant"):
+            self.values[step.node.outputs[0]] = step.fn(step.node)
+        self.steps = [s for s in steps if s.node.op != "Constant"]
 
     def __call__(self, feeds: dict[str, Any]) -> list[Tensor]:
         import torch

@@ -81,7 +81,6 @@ ones: the ratios of the first design (64 / 8 / 32) with half the estimation nois
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -131,9 +130,8 @@ def _water_level(counts: np.ndarray, capacity: int) -> np.ndarray:
     (the slots left over by rounding go to the largest classes)."""
     if counts.sum() <= capacity:
         return counts
-    present = np.flatnonzero(counts)
-    if len(present) <= SMALL_CLASSES:  # a few classes: Python scalars cost less than a dozen numpy calls
-        return _water_level_small(counts, present.tolist(), capacity)
+    if np.count_nonzero(counts) <= SMALL_CLASSES:  # a few classes: Python scalars cost less than numpy calls
+        return _water_level_small(counts, capacity)
     ranked = np.sort(counts)
     before = np.concatenate([[0], np.cumsum(ranked)[:-1]])
     shares = (capacity - before) // (len(ranked) - np.arange(len(ranked)))
@@ -145,23 +143,21 @@ def _water_level(counts: np.ndarray, capacity: int) -> np.ndarray:
     return quota
 
 
-def _water_level_small(counts: np.ndarray, present: list[int], capacity: int) -> np.ndarray:
-    """:func:`_water_level` over the ``present`` classes one by one (the same quota, tested)."""
+def _water_level_small(counts: np.ndarray, capacity: int) -> np.ndarray:
+    """:func:`_water_level` over the present classes one by one (the same quota, tested)."""
     sizes = counts.tolist()
-    ranked = sorted(present, key=lambda c: sizes[c])
-    quota = counts.copy()
-    left, level = capacity, 0
+    ranked = sorted((c for c, k in enumerate(sizes) if k), key=sizes.__getitem__)
+    left = capacity
     for i, c in enumerate(ranked):
         share = left // (len(ranked) - i)
         if sizes[c] > share:  # this class and every larger one get the level
-            level = share
             over = sorted(ranked[i:], key=lambda k: -sizes[k])  # stable: ties keep class order
-            extra = left - level * len(over)
+            extra = left - share * len(over)
             for j, k in enumerate(over):
-                quota[k] = level + (j < extra)
+                sizes[k] = share + (j < extra)
             break
         left -= sizes[c]
-    return quota
+    return np.array(sizes, counts.dtype)
 
 
 def balanced_keep(classes: np.ndarray, ages: np.ndarray, capacity: int) -> np.ndarray:
@@ -213,7 +209,7 @@ class StatisticsMemory:
     _total: np.ndarray = field(init=False, repr=False)
     _updates: int = 0
     #: Class -> its entries' slots, oldest first.
-    _slots: dict[int, deque[int]] = field(init=False, repr=False)
+    _slots: dict[int, list[int]] = field(init=False, repr=False)
     #: Entries per class (None: to be counted; one example at a time does not keep it).
     _counts: np.ndarray | None = field(init=False, repr=False, default=None)
     #: :meth:`moments` since the last change.
@@ -242,54 +238,101 @@ class StatisticsMemory:
         memory costs O(new rows + classes) per batch, not a sort of its capacity."""
         n = len(classes)
         self.measured = self.measured or noise is not None or deficit is not None
-        if n == 1 and self.size == self.capacity:
-            self._replace_one(
+        if n == 1:  # one example at a time (batch 1): Python scalars, no index arrays
+            one = (
                 stats[0],
                 int(classes[0]),
                 0.0 if noise is None else float(noise[0]),
                 0.0 if deficit is None else float(deficit[0]),
             )
+            if self.size == self.capacity:
+                self._replace_one(*one)
+            else:
+                self._append_one(*one)
             return
         self._moments = None
         new = np.asarray(classes, np.int64)
-        ages = self.clock + 1 + np.arange(n)
+        ages = np.arange(self.clock + 1, self.clock + 1 + n)
         self.clock += n
         if self._counts is None:
             self._counts = np.bincount(self.classes[: self.size], minlength=self.num_classes)
         added = np.bincount(new, minlength=len(self._counts))
         if len(added) > len(self._counts):
             self._counts = np.concatenate([self._counts, np.zeros(len(added) - len(self._counts), np.int64)])
-        quota = _water_level(self._counts + added, self.capacity)
-        taken = np.minimum(added, quota)  # per class: the new examples kept (the newest of them)
-        drop = self._counts - (quota - taken)  # per class: the oldest entries dropped
+        rows = np.asarray(stats, np.float64)
+        slots: slice | np.ndarray
         # the new examples kept (a slice: all of them, the common case, with no copies)
-        kept_new: slice | np.ndarray = slice(None) if (taken == added).all() else _newest(new, added, taken)
-        kept = n if isinstance(kept_new, slice) else len(kept_new)
-        dropped_slots: list[int] = []
-        for c, k in enumerate(drop.tolist()):
-            if k:
-                queue = self._slots[c]
-                dropped_slots += [queue.popleft() for _ in range(k)]
-                if not queue:
-                    del self._slots[c]
-        # new rows that are kept go to the slots of dropped entries (in slot order), then to free ones
-        dropped = np.sort(np.asarray(dropped_slots, np.int64))
-        slots = np.concatenate([dropped, np.arange(self.size, self.size + kept - len(dropped))])
-        rows = np.asarray(stats, np.float64)[kept_new]
-        self._total += rows.sum(axis=0) - self.stats[dropped].sum(axis=0)
+        kept_new: slice | np.ndarray
+        if self.size + n <= self.capacity:  # room for every example: nothing is dropped
+            quota, kept_new, kept = self._counts + added, slice(None), n
+            slots = slice(self.size, self.size + n)
+            self._total += rows.sum(axis=0)
+        else:
+            quota = _water_level(self._counts + added, self.capacity)
+            taken = np.minimum(added, quota)  # per class: the new examples kept (the newest of them)
+            drop = self._counts - (quota - taken)  # per class: the oldest entries dropped
+            kept_new = slice(None) if (taken == added).all() else _newest(new, added, taken)
+            kept = n if isinstance(kept_new, slice) else len(kept_new)
+            dropped_slots: list[int] = []
+            for c, k in enumerate(drop.tolist()):
+                if k:
+                    queue = self._slots[c]
+                    dropped_slots += queue[:k]
+                    if len(queue) == k:
+                        del self._slots[c]
+                    else:
+                        del queue[:k]
+            # new rows that are kept go to the slots of dropped entries (in slot order), then to free ones
+            dropped_slots.sort()
+            dropped = np.asarray(dropped_slots, np.int64)
+            slots = (
+                dropped
+                if kept == len(dropped)
+                else np.concatenate([dropped, np.arange(self.size, self.size + kept - len(dropped))])
+            )
+            rows = rows[kept_new]
+            self._total += rows.sum(axis=0) - self.stats[dropped].sum(axis=0)
         kept_classes = new[kept_new]
         self.stats[slots], self.classes[slots], self.ages[slots] = rows, kept_classes, ages[kept_new]
         self.noise[slots] = 0.0 if noise is None else np.asarray(noise, np.float64)[kept_new]
         self.deficit[slots] = 0.0 if deficit is None else np.asarray(deficit, np.float64)[kept_new]
-        for c, j in zip(kept_classes.tolist(), slots.tolist(), strict=True):  # ages rise: oldest first
-            queue = self._slots.get(c)
+        queues = self._slots
+        indices = range(slots.start, slots.stop) if isinstance(slots, slice) else slots.tolist()
+        for c, j in zip(kept_classes.tolist(), indices, strict=True):  # ages rise: oldest first
+            queue = queues.get(c)
             if queue is None:
-                queue = self._slots[c] = deque()
-            queue.append(j)
+                queues[c] = [j]
+            else:
+                queue.append(j)
         self._counts = quota
-        self.size += kept - len(dropped)
-        self.distinct = len(self._slots)
+        self.size = min(self.capacity, self.size + kept)  # full once anything was dropped
+        self.distinct = len(queues)
         self._updates += kept
+        if self._updates >= self.capacity:  # no drift in the running sum
+            self._total, self._updates = self.stats[: self.size].sum(axis=0), 0
+
+    def _append_one(self, row: np.ndarray, label: int, noise: float, deficit: float) -> None:
+        """A memory with room takes one example into its next free slot."""
+        self._moments = None
+        j = self.size
+        queue = self._slots.get(label)
+        if queue is None:
+            self._slots[label] = [j]
+        else:
+            queue.append(j)
+        if self._counts is not None:
+            if label >= len(self._counts):
+                self._counts = np.concatenate(
+                    [self._counts, np.zeros(label + 1 - len(self._counts), np.int64)]
+                )
+            self._counts[label] += 1
+        self.distinct = len(self._slots)
+        self.clock += 1
+        self.size += 1
+        self._total += row
+        self.stats[j], self.classes[j], self.ages[j] = row, label, self.clock
+        self.noise[j], self.deficit[j] = noise, deficit
+        self._updates += 1
         if self._updates >= self.capacity:  # no drift in the running sum
             self._total, self._updates = self.stats[: self.size].sum(axis=0), 0
 
@@ -304,10 +347,11 @@ class StatisticsMemory:
             victim = label
         else:  # the most represented class whose oldest entry is oldest
             victim = min((self.ages[q[0]], c) for c, q in slots.items() if len(q) == largest)[1]
-        j = slots[victim].popleft()
-        if not slots[victim]:
+        queue = slots[victim]
+        j = queue.pop(0)
+        if not queue:
             del slots[victim]
-        slots.setdefault(label, deque()).append(j)
+        slots.setdefault(label, []).append(j)
         self._counts = None  # counted again by the next batch
         self.distinct = len(slots)
         self.clock += 1

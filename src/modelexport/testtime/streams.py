@@ -226,68 +226,12 @@ def _ring_slots(pushed: int, count: int, size: int) -> slice | np.ndarray:
     return slice(start, start + kept) if start + kept <= size else (start + np.arange(kept)) % size
 
 
-class ClassWindow:
-    """The last ``size`` predicted classes as a ring buffer with their counts; :meth:`due` is True once
-    full and then every quarter window (the entropy is looked at that often, not per example)."""
+class ClassRing:
+    """The last ``size`` predicted classes of a stream, a ring (-1: a slot never written); one batch is written
+    as one slice where it fits. The classes are counted only when asked (:meth:`counts`): a batch costs a copy."""
 
-    def __init__(self, size: int, num_classes: int) -> None:
+    def __init__(self, size: int) -> None:
         self.ring = np.full(size, -1, np.int64)
-        self.counts = np.zeros(num_classes, np.int64)
-        self.pushed = 0
-        self.since = 0
-        #: Checks come this many quarter windows apart (doubled after each check that found no collapse).
-        self.backoff = 1
-
-    def push(self, classes: np.ndarray) -> None:
-        size = len(self.ring)
-        if len(classes) == 1:
-            pos = self.pushed % size
-            old, new = int(self.ring[pos]), int(classes[0])
-            if old >= 0:
-                self.counts[old] -= 1
-            self.ring[pos] = new
-            self.counts[new] += 1
-        else:
-            keep = classes[-size:]
-            positions = _ring_slots(self.pushed, len(classes), size)
-            old = self.ring[positions]
-            if self.pushed >= size:  # a full ring: every slot holds a class
-                self.counts += np.bincount(keep, minlength=len(self.counts))
-                self.counts -= np.bincount(old, minlength=len(self.counts))
-            else:
-                self.counts -= np.bincount(old[old >= 0], minlength=len(self.counts))
-                self.counts += np.bincount(keep, minlength=len(self.counts))
-            self.ring[positions] = keep
-        self.pushed += len(classes)
-        self.since += len(classes)
-
-    def due(self) -> bool:
-        if self.pushed < len(self.ring) or self.since < max(1, len(self.ring) // 4) * self.backoff:
-            return False
-        self.since = 0
-        return True
-
-    def entropy(self) -> float:
-        p = self.counts[self.counts > 0] / self.counts.sum()
-        return float(-(p * np.log(p)).sum())
-
-    def clear(self) -> None:
-        self.ring[:] = -1
-        self.counts[:] = 0
-        self.pushed = self.since = 0
-
-
-class LabelHistory:
-    """The last ``SHIFT_WINDOW + MARGINAL_WINDOW`` predicted classes of a memory-statistics stream (a ring).
-
-    :meth:`correlated`: whether the stream's labels arrive correlated in time -- the last ``SHIFT_WINDOW``
-    predictions fail the G-test against the ``MARGINAL_WINDOW`` before them (uniform before any), the
-    label-shift test of :class:`CollapseGuard`. A class-ordered stream does (its recent predictions are one
-    or two classes); an i.i.d. one does not, even where a corruption makes its predictions uneven or
-    collapsed -- the case a memory's class support must not be mistaken for (``memory.py``)."""
-
-    def __init__(self) -> None:
-        self.ring = np.full(SHIFT_WINDOW + MARGINAL_WINDOW, -1, np.int64)
         self.pushed = 0
 
     def push(self, classes: np.ndarray) -> None:
@@ -299,6 +243,58 @@ class LabelHistory:
         self.ring[_ring_slots(self.pushed, len(classes), size)] = np.asarray(classes, np.int64)[-size:]
         self.pushed += len(classes)
 
+    def counts(self, num_classes: int) -> np.ndarray:
+        """How many of each class the ring holds (its first ``min(pushed, size)`` slots hold them all)."""
+        return np.bincount(self.ring[: min(self.pushed, len(self.ring))], minlength=num_classes)
+
+    def clear(self) -> None:
+        self.ring[:] = -1
+        self.pushed = 0
+
+
+class ClassWindow(ClassRing):
+    """The collapse check's window of the last ``size`` predicted classes; :meth:`due` is True once full and
+    then every quarter window (the entropy is looked at that often, not per example)."""
+
+    def __init__(self, size: int, num_classes: int) -> None:
+        super().__init__(size)
+        self.num_classes = num_classes
+        self.since = 0
+        #: Checks come this many quarter windows apart (doubled after each check that found no collapse).
+        self.backoff = 1
+
+    def push(self, classes: np.ndarray) -> None:
+        super().push(classes)
+        self.since += len(classes)
+
+    def due(self) -> bool:
+        if self.pushed < len(self.ring) or self.since < max(1, len(self.ring) // 4) * self.backoff:
+            return False
+        self.since = 0
+        return True
+
+    def entropy(self) -> float:
+        counts = self.counts(self.num_classes)
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * np.log(p)).sum())
+
+    def clear(self) -> None:
+        super().clear()
+        self.since = 0
+
+
+class LabelHistory(ClassRing):
+    """The last ``SHIFT_WINDOW + MARGINAL_WINDOW`` predicted classes of a memory-statistics stream.
+
+    :meth:`correlated`: whether the stream's labels arrive correlated in time -- the last ``SHIFT_WINDOW``
+    predictions fail the G-test against the ``MARGINAL_WINDOW`` before them (uniform before any), the
+    label-shift test of :class:`CollapseGuard`. A class-ordered stream does (its recent predictions are one
+    or two classes); an i.i.d. one does not, even where a corruption makes its predictions uneven or
+    collapsed -- the case a memory's class support must not be mistaken for (``memory.py``)."""
+
+    def __init__(self) -> None:
+        super().__init__(SHIFT_WINDOW + MARGINAL_WINDOW)
+
     def correlated(self, num_classes: int, alpha: float = CORRELATION_ALPHA) -> bool:
         """The G-test of the last ``SHIFT_WINDOW`` predictions against those before them at ``alpha``."""
         n = min(self.pushed, len(self.ring))
@@ -307,8 +303,7 @@ class LabelHistory:
         end = self.pushed % len(self.ring)  # where the next class goes: the ring ends just before it
         recent = min(n, SHIFT_WINDOW)
         counts = np.bincount(self._span(end - recent, end), minlength=num_classes)
-        every = np.bincount(self.ring[:n], minlength=num_classes)  # the ring's first n slots hold all n
-        return _g_statistic(counts, every - counts) > chi2_critical(num_classes - 1, alpha)
+        return _g_statistic(counts, self.counts(num_classes) - counts) > chi2_critical(num_classes - 1, alpha)
 
     def _span(self, start: int, stop: int) -> np.ndarray:
         """The classes at ring positions ``start`` .. ``stop`` (``start`` may be negative: wrapped)."""
@@ -380,7 +375,7 @@ class CollapseGuard:
         being judged (:meth:`judge`)."""
         if self.threshold <= 0 or num_classes < 2:
             return False
-        if self.recent is None or len(self.recent.counts) != num_classes:
+        if self.recent is None or self.recent.num_classes != num_classes:
             self.recent = ClassWindow(self.window, num_classes)
         self.recent.push(adapted)
         if self.source:
