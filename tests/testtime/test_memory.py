@@ -77,37 +77,6 @@ def test_memory_keeps_every_class_its_share_and_the_newest() -> None:
     )  # class 1 keeps its one entry, class 0 its newest
 
 
-@pytest.mark.must
-def test_the_memory_keeps_what_balanced_keep_keeps_of_its_entries_and_a_batch() -> None:
-    """The memory finds what it keeps per class (the oldest of a class are dropped), without sorting its
-    capacity: after every batch it must hold exactly what :func:`balanced_keep` picks from its entries and
-    the batch, with their running moments."""
-    rng = np.random.default_rng(0)
-    for _ in range(300):
-        capacity, classes = int(rng.integers(1, 24)), int(rng.integers(1, 8))
-        memory = StatisticsMemory(capacity, 2, classes)
-        labels, ages, rows, clock = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 2)), 0
-        for _ in range(int(rng.integers(1, 12))):
-            n = int(rng.choice([2, 3, 16, 40]))
-            batch = (
-                rng.integers(0, classes, n) if rng.random() < 0.5 else np.full(n, rng.integers(0, classes))
-            )
-            new_rows = rng.standard_normal((n, 2))
-            memory.add(new_rows, batch, new_rows[:, 1] ** 2, np.abs(new_rows[:, 0]))
-            labels, rows = np.concatenate([labels, batch]), np.concatenate([rows, new_rows])
-            ages, clock = np.concatenate([ages, clock + 1 + np.arange(n)]), clock + n
-            if len(labels) > capacity:
-                keep = balanced_keep(labels, ages, capacity)
-                labels, ages, rows = labels[keep], ages[keep], rows[keep]
-            held = np.argsort(memory.ages[: memory.size])
-            np.testing.assert_array_equal(memory.ages[: memory.size][held], ages)
-            np.testing.assert_array_equal(memory.classes[: memory.size][held], labels)
-            np.testing.assert_allclose(memory.moments(), rows.mean(axis=0), rtol=1e-12, atol=1e-12)
-            np.testing.assert_allclose(memory.noise_level, (rows[:, 1] ** 2).mean(), rtol=1e-12)
-            np.testing.assert_allclose(memory.deficit_level, np.abs(rows[:, 0]).mean(), rtol=1e-12)
-            assert memory.distinct == len(np.unique(labels))
-
-
 def _replaced(labels: np.ndarray, ages: np.ndarray, label: int) -> int:
     """The entry a full memory drops for one example of ``label``, by its rule written out: the oldest of its
     own class where that class is among the largest, else the oldest of the largest classes' oldest."""
@@ -122,18 +91,27 @@ def _replaced(labels: np.ndarray, ages: np.ndarray, label: int) -> int:
 
 
 @pytest.mark.must
-def test_the_memory_takes_single_examples_and_batches_in_any_mix() -> None:
-    """One example at a time (how a batch-1 stream fills and then runs its memory) and batches, mixed: the
-    memory must hold exactly what the rules keep -- a batch what :func:`balanced_keep` picks, one example into
-    a full memory the entry :func:`_replaced` names -- with their running moments and readings."""
-    rng = np.random.default_rng(1)
-    for _ in range(200):
+@pytest.mark.parametrize(
+    ("sizes", "runs", "seed"),
+    [((2, 3, 16, 40), 12, 0), ((1, 1, 1, 2, 16), 40, 1)],
+    ids=["batches", "singles"],
+)
+def test_the_memory_keeps_what_its_rules_keep(sizes: tuple[int, ...], runs: int, seed: int) -> None:
+    """The memory finds what it keeps per class (the oldest of a class are dropped), without sorting its
+    capacity, and takes one example at a time (how a batch-1 stream fills and runs it) with Python scalars:
+    after every batch it must hold exactly what the rules keep -- of its entries and a batch what
+    :func:`balanced_keep` picks, of a full memory and one example what :func:`_replaced` names -- with their
+    running moments and readings. Batches are mixed with runs of one class; ``singles`` mixes in examples."""
+    rng = np.random.default_rng(seed)
+    for _ in range(250):
         capacity, classes = int(rng.integers(1, 24)), int(rng.integers(1, 8))
         memory = StatisticsMemory(capacity, 2, classes)
         labels, ages, rows, clock = np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 2)), 0
-        for _ in range(int(rng.integers(1, 40))):
-            n = int(rng.choice([1, 1, 1, 2, 16]))
-            batch = rng.integers(0, classes, n)
+        for _ in range(int(rng.integers(1, runs))):
+            n = int(rng.choice(sizes))
+            batch = (
+                rng.integers(0, classes, n) if rng.random() < 0.5 else np.full(n, rng.integers(0, classes))
+            )
             new_rows = rng.standard_normal((n, 2))
             memory.add(new_rows, batch, new_rows[:, 1] ** 2, np.abs(new_rows[:, 0]))
             if n == 1 and len(labels) == capacity:
@@ -151,6 +129,7 @@ def test_the_memory_takes_single_examples_and_batches_in_any_mix() -> None:
             np.testing.assert_array_equal(memory.classes[: memory.size][held], labels[order])
             np.testing.assert_allclose(memory.moments(), rows.mean(axis=0), rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(memory.noise_level, (rows[:, 1] ** 2).mean(), rtol=1e-12)
+            np.testing.assert_allclose(memory.deficit_level, np.abs(rows[:, 0]).mean(), rtol=1e-12)
             assert memory.size == len(labels) and memory.distinct == len(np.unique(labels))
 
 
