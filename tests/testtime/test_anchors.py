@@ -1,5 +1,5 @@
-"""Source anchors (``testtime/anchors.py``): the record, the stream's shift window, and the deep variances a
-noisy stream measures against them."""
+"""Source anchors (``testtime/anchors.py``): the record, the stream's shift window, and the deep variances and
+means a noisy stream measures against them."""
 
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from modelexport.errors import TestTimeError
 from modelexport.metadata import write_metadata
 from modelexport.metadata.schema import KEY_INPUT_NOISE, KEY_SOURCE_ANCHORS
 from modelexport.testtime.anchors import (
+    MEANS_FADE,
     MIN_PER_CLASS,
     PER_CLASS,
     ShiftWindow,
     SourceAnchors,
+    deep_means,
     deep_variances,
 )
 from modelexport.testtime.corruptions import corrupt
@@ -131,6 +133,29 @@ def test_the_deep_variances_are_the_anchors_scaled_by_the_within_class_ratio_of_
     assert MIN_PER_CLASS == 2
 
 
+@pytest.mark.must
+def test_the_deep_means_are_the_anchors_moved_by_the_streams_difference_from_its_classes_anchors() -> None:
+    """Two classes streamed, their deep channels 2 above their own anchors (the stem's as the anchors): the
+    deep layer's estimate is the mean of all the anchors -- every class -- plus 2, whatever classes the stream
+    holds; the stem keeps ``base``. No class with an anchor: no estimate."""
+    rng = np.random.default_rng(0)
+    width, stem, deep = 6, slice(0, 2), slice(2, 6)
+    centres = np.repeat(3.0 * np.arange(5)[:, None], width, axis=1)
+    spread = np.ones(width)
+    anchors = np.concatenate([_rows(centres[c], spread, 400, rng) for c in range(5)])
+    labels = np.repeat(np.arange(5), 400)
+    moved = np.where(np.arange(width) >= 2, 2.0, 0.0)
+    stream = np.concatenate([_rows(centres[c] + moved, spread, 1000, rng) for c in (1, 3)])
+    classes = np.repeat([1, 3], 1000)
+    base = np.full(width, 7.0)
+    out = deep_means(stream, classes, anchors, labels, [deep], base)
+    assert out is not None
+    np.testing.assert_allclose(out[deep], anchors[:, deep].mean(axis=0) + 2.0, atol=0.1)
+    np.testing.assert_array_equal(out[stem], base[stem])
+    assert deep_means(stream[:5], np.full(5, 7), anchors, labels, [deep], base) is None  # no such anchors
+    assert MEANS_FADE == 2
+
+
 @pytest.fixture(scope="module")
 def anchored(digits: Any, digits_export: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The digits CNN with an input-noise record that denoises (strength 1: its calibration turns denoising
@@ -153,9 +178,10 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
 ) -> None:
     """Gaussian noise read class by class: the first batch is measured before it is predicted, and the stream's
     prior moves its deep layers' variances (the stem's and every mean stay the source's) to the anchors'
-    measured under its statistics; the predictions differ from ``anchors=False``. Clean digits open nothing:
-    no measurement pass, the engine's own prior, and the same predictions as without anchors. A model without
-    the record, or the policy's ``anchors=False``, keeps no shift window."""
+    measured under its statistics; the next measurement, while the memory lacks classes, moves the deep means
+    too (the stem's stay); the predictions differ from ``anchors=False``. Clean digits open nothing: no
+    measurement pass, the engine's own prior, and the same predictions as without anchors. A model without the
+    record, or the policy's ``anchors=False``, keeps no shift window."""
     x, y = digits.x_test[256:576], digits.y_test[256:576]
     noisy = corrupt(x, "gaussian_noise", 4, seed=0)
     engine = TestTimeEngine(anchored, TestTimePolicy(ttt="bn"))
@@ -166,13 +192,21 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
     stem = adapter.channels[0]
     deep = np.concatenate([np.arange(p.start, p.stop) for p in engine._deep])
 
-    first = engine.new_stream()
-    engine.predict({"x": noisy[np.argsort(y, kind="stable")][:40]}, first)
+    first, ordered = engine.new_stream(), noisy[np.argsort(y, kind="stable")]
+    engine.predict({"x": ordered[:40]}, first)
     assert first.prior is not None and first.prior[0] == 40  # measured on its own 40 inputs, again at 40
     own = first.prior[1]
     assert not np.allclose(own.var[deep], prior.var[deep], rtol=0.05)
     np.testing.assert_array_equal(own.var[stem], prior.var[stem])
-    np.testing.assert_array_equal(own.mean, prior.mean)
+    np.testing.assert_array_equal(own.mean, prior.mean)  # measured on itself: the means stay
+    for start in range(40, 200, 40):  # until measured again, against the few classes its memory holds
+        engine.predict({"x": ordered[start : start + 40]}, first)
+        if first.prior[0] > 40:
+            break
+    again, coverage = first.prior[1], first.bank.coverage  # type: ignore[union-attr]
+    assert first.prior[0] > 40 and coverage < 1.0, (first.prior[0], coverage)
+    assert np.abs(again.mean[deep] - prior.mean[deep]).max() > 1e-3
+    np.testing.assert_array_equal(again.mean[stem], prior.mean[stem])
 
     acc, stream = run_stream(engine, engine.policy, noisy, y, "class-sorted", 32)
     acc_off, stream_off = run_stream(off, off.policy, noisy, y, "class-sorted", 32)
@@ -197,7 +231,7 @@ def test_a_batch_one_stream_measures_the_anchors_alone_against_the_rows_its_pass
     """One noisy example at a time, read class by class: the engine's passes, counted (each still runs), are
     one example each but the three measurements in 200 examples -- from 32 examples on, and each time the
     stream has doubled -- which run the anchors alone, not the window's inputs again. The measured prior
-    moves the deep variances only, as at batch 40."""
+    moves the deep variances and means, not the stem's, as at batch 40 after the first batch."""
     x, y = digits.x_test[256:576], digits.y_test[256:576]
     noisy = corrupt(x, "gaussian_noise", 4, seed=0)[np.argsort(y, kind="stable")][:200]
     engine = TestTimeEngine(anchored, TestTimePolicy(ttt="bn"))
@@ -211,15 +245,19 @@ def test_a_batch_one_stream_measures_the_anchors_alone_against_the_rows_its_pass
         return run(feeds, *args, **kwargs)
 
     monkeypatch.setattr(adapter, "run_with_statistics", counted)
-    stream = engine.new_stream()
+    stream, measured = engine.new_stream(), []
     for i in range(len(noisy)):
         engine.predict({engine.input_name: noisy[i : i + 1]}, stream)
+        if stream.prior is not None and (not measured or stream.prior is not measured[-1][0]):
+            measured.append((stream.prior, stream.bank.coverage))  # type: ignore[union-attr]
     assert [n for n in sizes if n > 1] == [len(anchors.labels)] * 3
     assert stream.prior is not None and 2 * 128 <= stream.prior[0] <= 2 * 200  # twice its length then
-    own, deep = stream.prior[1], np.concatenate([np.arange(p.start, p.stop) for p in engine._deep])
+    assert len(measured) == 3 and measured[0][1] < 1.0, [c for _, c in measured]
+    own, deep = measured[0][0][1], np.concatenate([np.arange(p.start, p.stop) for p in engine._deep])
     assert not np.allclose(own.var[deep], prior.var[deep], rtol=0.05)
     np.testing.assert_array_equal(own.var[adapter.channels[0]], prior.var[adapter.channels[0]])
-    np.testing.assert_array_equal(own.mean, prior.mean)
+    assert np.abs(own.mean[deep] - prior.mean[deep]).max() > 1e-3
+    np.testing.assert_array_equal(own.mean[adapter.channels[0]], prior.mean[adapter.channels[0]])
 
 
 @pytest.mark.smoke

@@ -133,7 +133,8 @@ def _table(result: EvaluationResult) -> str:
     help="--statistics memory: where the model records source anchors (the image pipeline writes a few training "
     "images per class) and a stream's inputs were noisier than the source's, the deeper BN layers' variances are "
     "measured on the anchors under the stream's statistics, scaled by how its examples differ from the anchors of "
-    "their predicted classes; --no-anchors: the source's.",
+    "their predicted classes, and their means moved by that difference while the memory lacks classes; "
+    "--no-anchors: the source's.",
 )
 @click.option(
     "--denoise",

@@ -33,11 +33,13 @@ from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
 from .anchors import (
     LONGEST,
+    MEANS_FADE,
     MIN_EXAMPLES,
     NOISE_OPEN,
     WINDOW,
     ShiftWindow,
     SourceAnchors,
+    deep_means,
     deep_variances,
 )
 from .augment import make_views
@@ -467,7 +469,10 @@ class TestTimeEngine:
         """The stream's own prior (``anchors.py``): as far as its inputs' excess ``noise`` opens it
         (``NOISE_OPEN``), the deeper layers' source variances replaced by the anchors' measured under
         ``state`` (the stem with the given statistics alone), scaled by how the stream's last examples differ
-        from the anchors of their predicted classes. One pass runs the anchors and the window's inputs; a small
+        from the anchors of their predicted classes; and, after a first batch (measured on itself before it is
+        predicted: there a mean shift read off the same examples swung streams by up to 3 points either way),
+        the deep means moved by the examples' mean difference from those anchors, as far as the memory does
+        not yet cover the classes (``MEANS_FADE``). One pass runs the anchors and the window's inputs; a small
         batch's rows are its own pass's (``ShiftWindow``). Where nothing opens it, no pass: the engine's prior.
         Measured again once the stream has seen as many examples since as it had (at least the examples
         measured, at most ``LONGEST``): ``clock``, the examples its memory took so far."""
@@ -491,7 +496,14 @@ class TestTimeEngine:
             classes = measured if classes is None else np.concatenate([classes, measured])
         assert rows is not None and classes is not None
         var = deep_variances(rows, classes, out[k:], anchors.labels, self._deep, prior.var)
-        stream.prior = (due, prior if var is None else prior.with_deep_variances(var, share))
+        if var is None:
+            stream.prior = (due, prior)
+            return
+        mean, fade = None, 0.0
+        if clock and stream.bank is not None:  # a first batch is measured on itself: its deep means stay
+            mean = deep_means(rows, classes, out[k:], anchors.labels, self._deep, prior.mean)
+            fade = (1.0 - stream.bank.coverage) ** MEANS_FADE
+        stream.prior = (due, prior.with_deep_moments(var, share, mean, share * fade))
 
     def _measure_due(self, stream: Stream) -> bool:
         """Whether the stream measures its shift (again): the model records anchors, the stream has

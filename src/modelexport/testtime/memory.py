@@ -72,7 +72,8 @@ recovered, so a memory without readings keeps the source's own strength.
 
 Where the model records a few of its source's images (``anchors.py``), a noisy stream replaces the deep layers'
 source variances in this prior with the anchors' measured under its own statistics, scaled by how its examples
-differ from the anchors of their classes (:meth:`StatisticsPrior.with_deep_variances`).
+differ from the anchors of their classes, and moves their means by how far its examples lie from those anchors
+while its memory holds few classes (:meth:`StatisticsPrior.with_deep_moments`).
 
 The memory holds 128 examples by default and the source counts as 16 of them in stem layers, 64 in deeper
 ones: the ratios of the first design (64 / 8 / 32) with half the estimation noise of 64 examples' statistics.
@@ -426,12 +427,18 @@ class StatisticsPrior:
         #: Each gated layer's mean squares in a memory row (after the means of every channel).
         self._gated_squares = [slice(len(mean) + p.start, len(mean) + p.stop) for p in self.gated]
 
-    def with_deep_variances(self, var: np.ndarray, share: float) -> StatisticsPrior:
-        """A copy whose deep channels' variances moved ``share`` of the way to ``var`` (over every channel; a
-        stream's measured shift, ``anchors.py``); the means, strengths, stem and gates stay."""
+    def with_deep_moments(
+        self, var: np.ndarray, share: float, mean: np.ndarray | None = None, mean_share: float = 0.0
+    ) -> StatisticsPrior:
+        """A copy whose deep channels' variances moved ``share`` of the way to ``var`` and means ``mean_share``
+        of the way to ``mean`` (over every channel; a stream's measured shift, ``anchors.py``); the strengths,
+        stem and gates stay."""
         deep = self._deep[: len(self.mean)]
         moved = np.where(deep, self.var + share * (var - self.var), self.var)
-        return StatisticsPrior(self.mean, moved, self.strength, deep, self.gated, self.gate)
+        means = self.mean
+        if mean is not None:
+            means = np.where(deep, self.mean + mean_share * (mean - self.mean), self.mean)
+        return StatisticsPrior(means, moved, self.strength, deep, self.gated, self.gate)
 
     def shift(self, memory: StatisticsMemory | np.ndarray) -> list[float]:
         """Per gated layer: how far the pooled variances of a memory (or of rows of examples' statistics, N x

@@ -133,7 +133,8 @@ class TestTimePolicy:
     #: memory: where the model records source anchors (``modelexport.source_anchors``, written by the image
     #: pipeline) and a stream's inputs were noisy beyond the source's, the deeper BN layers' source variances are
     #: measured again on the anchors under the stream's statistics, scaled by how the stream's examples differ
-    #: from the anchors of their predicted classes (``anchors.py``). False: the source's.
+    #: from the anchors of their predicted classes, and their means moved by that difference while the memory
+    #: lacks classes (``anchors.py``). False: the source's.
     anchors: bool = True
     #: batch statistics: passes (None: one per BN layer, which equals train-mode BatchNorm on the batch);
     #: Tent / sar: gradient steps per batch (None: 1, as in the paper).
