@@ -1,5 +1,5 @@
 """Source anchors: a few of the source's own images per class, recorded with the model, against which a stream
-measures how far noise moved its deep BN layers' variances.
+measures how far noise moved its deep BN layers' variances and means.
 
 Why. Where noise reaches the deep layers, their variances move with it, and exact BatchNorm over the whole
 noisy test set follows them: on the image pipeline's digits networks, holding the stem at the test set's own
@@ -57,11 +57,11 @@ from ..errors import TestTimeError
 __all__ = [
     "LONGEST",
     "MAX_VALUES",
+    "MEANS_FADE",
     "MIN_EXAMPLES",
     "MIN_PER_CLASS",
     "NOISE_OPEN",
     "PER_CLASS",
-    "MEANS_FADE",
     "WINDOW",
     "ShiftWindow",
     "SourceAnchors",
