@@ -48,6 +48,19 @@ def _opt(name: str, **kwargs: object) -> Callable[[Decorated], Decorated]:
     return click.option(*flags, name, **kwargs)
 
 
+def _bool_opt(name: str, default: bool | None, help: str) -> Callable[[Decorated], Decorated]:
+    """A ``true|false`` option (:func:`_opt`); a bare ``--name`` is true."""
+    return _opt(
+        name,
+        type=click.BOOL,
+        is_flag=False,
+        flag_value=True,
+        default=default,
+        show_default=default is not None,
+        help=help,
+    )
+
+
 @click.command("pipeline")
 @_opt(
     "model_type",
@@ -70,11 +83,8 @@ def _opt(name: str, **kwargs: object) -> Callable[[Decorated], Decorated]:
     help="A path ending in .onnx is the model file, its package beside it (in a new or empty folder, or one an "
     "earlier run wrote); otherwise the package folder (model.onnx inside).",
 )
-@_opt(
+@_bool_opt(
     "tta",
-    type=click.BOOL,
-    is_flag=False,
-    flag_value=True,
     default=None,
     help="Test-time augmentation true|false (a bare --tta: true) [default: the policy search decides].",
 )
@@ -179,23 +189,15 @@ def _opt(name: str, **kwargs: object) -> Callable[[Decorated], Decorated]:
 @_opt(
     "latency_budget_ms", type=float, default=None, help="Policy search: the slowest acceptable ms per batch."
 )
-@_opt(
+@_bool_opt(
     "optimize_policy",
-    type=click.BOOL,
-    is_flag=False,
-    flag_value=True,
     default=True,
-    show_default=True,
     help="Search the test-time settings left open on the validation set (what you set always runs); false: "
     "open settings take the model type's default.",
 )
-@_opt(
+@_bool_opt(
     "anchors",
-    type=click.BOOL,
-    is_flag=False,
-    flag_value=True,
     default=True,
-    show_default=True,
     help="Image models: record eight training images per class in the package (modelexport.source_anchors), "
     "against which test-time adaptation measures a noisy stream, where the validation images gain from them; "
     "false: record none (they are training data).",
