@@ -258,8 +258,7 @@ class StatisticsMemory:
         if self._counts is None:
             self._counts = np.bincount(self.classes[: self.size], minlength=self.num_classes)
         added = np.bincount(new, minlength=len(self._counts))
-        if len(added) > len(self._counts):
-            self._counts = np.concatenate([self._counts, np.zeros(len(added) - len(self._counts), np.int64)])
+        self._cover(len(added))
         rows = np.asarray(stats, np.float64)
         slots: slice | np.ndarray
         # the new examples kept (a slice: all of them, the common case, with no copies)
@@ -312,6 +311,12 @@ class StatisticsMemory:
         if self._updates >= self.capacity:  # no drift in the running sum
             self._total, self._updates = self.stats[: self.size].sum(axis=0), 0
 
+    def _cover(self, classes: int) -> None:
+        """Per-class counts for at least ``classes`` classes (a class beyond the model's counts from 0)."""
+        assert self._counts is not None
+        if classes > len(self._counts):
+            self._counts = np.concatenate([self._counts, np.zeros(classes - len(self._counts), np.int64)])
+
     def _append_one(self, row: np.ndarray, label: int, noise: float, deficit: float) -> None:
         """A memory with room takes one example into its next free slot."""
         self._moments = None
@@ -322,10 +327,7 @@ class StatisticsMemory:
         else:
             queue.append(j)
         if self._counts is not None:
-            if label >= len(self._counts):
-                self._counts = np.concatenate(
-                    [self._counts, np.zeros(label + 1 - len(self._counts), np.int64)]
-                )
+            self._cover(label + 1)
             self._counts[label] += 1
         self.distinct = len(self._slots)
         self.clock += 1
