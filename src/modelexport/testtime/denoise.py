@@ -101,19 +101,24 @@ BLURS = (0.0, 0.6, 1.0)
 
 
 def _readings(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(noise ratio, sharpness), each (N, C), of ``x`` (N, C, H, W): one mask response serves both."""
+    """(noise ratio, sharpness), each (N, C), of ``x`` (N, C, H, W): one mask response serves both. Spelled
+    out in ufunc reductions (``std``, ``mean`` and a masked ``divide`` cost several calls each): at batch size 1
+    a stream restores every example, and the calls, not the pixels, are the cost."""
     n, c, h, w = x.shape
     x = x.astype(np.float32, copy=False)
+    size = h * w
     # the mask is separable: the second difference [1, -2, 1] down the rows and across the columns
     response = (
         filter_matrix(h, _SECOND_DIFFERENCE, "edge") @ x @ filter_matrix(w, _SECOND_DIFFERENCE, "edge").T
-    ).reshape(n, c, h * w)
-    k = int(QUANTILE * h * w)
+    ).reshape(n, c, size)
+    k = int(QUANTILE * size)
     sigma = np.partition(np.abs(response), k, axis=-1)[..., k] / (6 * _HALF_NORMAL_Q10)
-    energy = np.sqrt(np.mean(np.square(response), axis=-1))
-    spread = x.reshape(n, c, h * w).std(axis=-1)
-    ratio = np.divide(sigma, spread, out=np.zeros_like(sigma), where=spread > 0)
-    return ratio, np.divide(energy, spread, out=np.zeros_like(energy), where=spread > 0)
+    energy = np.sqrt(np.add.reduce(response * response, axis=-1) / size)
+    flat = x.reshape(n, c, size)
+    centred = flat - np.add.reduce(flat, axis=-1, keepdims=True) / size
+    spread = np.sqrt(np.add.reduce(centred * centred, axis=-1) / size)
+    spread = np.where(spread > 0, spread, np.inf)  # a constant channel reads 0: its response is 0 as well
+    return sigma / spread, energy / spread
 
 
 def noise_ratio(x: np.ndarray) -> np.ndarray:
@@ -248,17 +253,18 @@ def restore_measured(
     if not (record.strength or (record.sharpen and record.sharp_floor)):
         return out, excess, deficit
     ratio, sharp = _readings(x)
+    channels = ratio.shape[1]
     if record.strength:
-        share = np.maximum(ratio**2 - record.floor**2, 0.0)
-        excess = share.mean(axis=1)
+        share = np.maximum(ratio * ratio - record.floor**2, 0.0)
+        excess = np.add.reduce(share, axis=1) / channels
         weight = np.minimum(record.strength * share, 1.0)
         if weight.any():  # every example through the blur: a weight of 0 leaves it exactly as it was
             out = out + weight[:, :, None, None] * (gaussian_blur(x, BLUR_SIGMA) - x)
     if record.sharpen and record.sharp_floor:
         detail = sharp / record.sharp_floor
-        deficit = np.where(sharp > 0, np.maximum(1.0 - detail * detail, 0.0), 0.0).mean(axis=1)
+        deficit = np.add.reduce(np.maximum(1.0 - detail * detail, 0.0) * (sharp > 0), axis=1) / channels
         gain = np.divide(record.sharp_floor, sharp, out=np.ones_like(sharp), where=sharp > 0) - 1.0
-        amount = np.clip(record.sharpen * gain, 0.0, MAX_SHARPEN)
+        amount = np.minimum(np.maximum(record.sharpen * gain, 0.0), MAX_SHARPEN)
         if amount.any():
             out = out + amount[:, :, None, None] * (x - gaussian_blur(x, SHARPEN_SIGMA))
     return (out if out is x else out.astype(x.dtype, copy=False)), excess, deficit
