@@ -14,7 +14,7 @@ import pytest
 
 from modelexport.cli.app import main
 from modelexport.errors import TestTimeError
-from modelexport.metadata import write_metadata
+from modelexport.metadata import read_metadata, write_metadata
 from modelexport.metadata.schema import KEY_INPUT_NOISE, KEY_SOURCE_ANCHORS
 from modelexport.testtime.anchors import (
     MEANS_FADE,
@@ -159,11 +159,12 @@ def test_the_deep_means_are_the_anchors_moved_by_the_streams_difference_from_its
 @pytest.fixture(scope="module")
 def anchored(digits: Any, digits_export: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The digits CNN with an input-noise record that denoises (strength 1: its calibration turns denoising
-    off, ``test_denoise.py``) and the source anchors, as the image pipeline writes them."""
+    off, ``test_denoise.py``) and the source anchors as the image pipeline wrote them before it kept
+    ``PER_CLASS`` a class: twice as many, of which an engine measures with the first ``PER_CLASS`` of each."""
     path = tmp_path_factory.mktemp("anchored") / "model.onnx"
     shutil.copy(digits_export.onnx_path, path)
     record = calibrate_restoration(path, digits.x_train, digits.x_test[:256], digits.y_test[:256])
-    anchors = SourceAnchors.select(digits.x_train, digits.y_train)
+    anchors = SourceAnchors.select(digits.x_train, digits.y_train, per_class=2 * PER_CLASS)
     assert anchors is not None
     write_metadata(
         path,
@@ -189,6 +190,14 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
     prior, adapter = engine._prior, engine.adapter
     assert engine._anchors is not None and prior is not None and adapter is not None
     assert off._anchors is None
+    recorded = SourceAnchors.from_dict(read_metadata(anchored)[KEY_SOURCE_ANCHORS])
+    assert np.bincount(recorded.labels).tolist() == [2 * PER_CLASS] * 10  # an older record: the first half
+    first_of_each = np.sort(
+        np.concatenate([np.flatnonzero(recorded.labels == c)[:PER_CLASS] for c in range(10)])
+    )
+    np.testing.assert_array_equal(engine._anchors.labels, recorded.labels[first_of_each])
+    np.testing.assert_array_equal(engine._anchors.x, recorded.x[first_of_each])
+    assert recorded.first(2 * PER_CLASS) is recorded
     stem = adapter.channels[0]
     deep = np.concatenate([np.arange(p.start, p.stop) for p in engine._deep])
 

@@ -14,6 +14,7 @@ from modelexport.errors import TestTimeError
 from modelexport.testtime import POLICY_PRESETS, STATISTICS, BNAdapter, TestTimeEngine, TestTimePolicy
 from modelexport.testtime.adapt import channel_stats
 from modelexport.testtime.corruptions import corrupt
+from modelexport.testtime.engine import MIN_STEM_WEIGHT
 from modelexport.testtime.graph import SAMPLE_STATS, mix_variance_gate, mix_weight, mixed_statistics
 from modelexport.testtime.memory import BLUR_GATE, NOISE_GATE, SHUT_PRIOR, StatisticsMemory, balanced_keep
 from modelexport.testtime.streams import CollapseGuard
@@ -23,8 +24,9 @@ from tests.testtime.robustness import run_stream
 
 @pytest.mark.must
 def test_one_pass_reports_each_example_and_mixes_the_stem_exactly(digits_export: Any, digits: Any) -> None:
-    """Weight 0: the source model, bit for bit in the BN statistics; weight 1: the stem layer normalises with
-    the batch's own statistics (train-mode BN); the per-example statistics are those of the BN inputs."""
+    """Weight 0: the source model, bit for bit in the BN statistics, and the graph without the mixing nodes
+    the same; weight 1: the stem layer normalises with the batch's own statistics (train-mode BN); the
+    per-example statistics are those of the BN inputs."""
     adapter = BNAdapter(digits_export.onnx_path)
     assert adapter.stem == [True, False, False] and adapter.mixed == [0]
     feeds = {"x": digits.x_test[:40]}
@@ -48,6 +50,16 @@ def test_one_pass_reports_each_example_and_mixes_the_stem_exactly(digits_export:
     unmixed = adapter.run(feeds, None, list(mixed_statistics(0)))
     np.testing.assert_array_equal(unmixed[0], adapter.source_state[layers[0].mean])
     np.testing.assert_array_equal(unmixed[1], adapter.source_state[layers[0].var])
+    # weight 0: the graph without the mixing nodes computes what the mixing graph does, in its own session
+    state = adapter.statistics_feeds(None, None, 0.0, [0.5])
+    assert adapter._unmixed_session is None and not adapter.mixes(state)
+    output = adapter.output_names[0]
+    logits, rows, _ = adapter.run_with_statistics(feeds, state, output)
+    assert adapter._unmixed_session is not None
+    mixing = adapter.session.run([output, SAMPLE_STATS], {**feeds, **state})
+    np.testing.assert_array_equal(rows, mixing[1].reshape(40, -1))
+    np.testing.assert_allclose(logits, mixing[0], rtol=1e-6, atol=1e-6)
+    assert adapter.mixes(adapter.statistics_feeds(None, None, 0.1))
 
 
 @pytest.mark.must
@@ -393,7 +405,7 @@ def test_a_class_ordered_batch_counts_in_the_stem_as_far_as_the_stem_sees_a_shif
     a class-sorted batch of clean digits is one class, whose stem signature its own statistics would
     normalise away, so the memory and the source set the stem there (its means still follow the memory);
     under a contrast loss the stem sees the shift and each batch reads it afresh, as before. A batch smaller
-    than ``MIN_BATCH`` keeps its weight (one example: 1 / 145)."""
+    than ``MIN_BATCH`` keeps its weight, unless it is below ``MIN_STEM_WEIGHT`` (one example: 1 / 145)."""
     engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
     prior = engine._prior
     assert engine.adapter is not None and prior is not None
@@ -411,15 +423,26 @@ def test_a_class_ordered_batch_counts_in_the_stem_as_far_as_the_stem_sees_a_shif
         assert stream.labels.correlated(10) is correlated  # type: ignore[attr-defined]
         assert prior.first_gates(bank) == [share if correlated else 0.0]  # clean: no shift
         state = engine._statistics(stream, 40)  # type: ignore[arg-type]
-        assert float(state[weight]) == pytest.approx(share * 40 / (40 + bank.size + engine.policy.stem_prior))
+        assert float(state.get(weight, 0.0)) == pytest.approx(
+            share * 40 / (40 + bank.size + engine.policy.stem_prior)
+        )
         blended = prior.blend(bank, prior.gates(bank), correlated)[0]
         np.testing.assert_allclose(state[mean], blended[engine.adapter.channels[0]], rtol=1e-6)
         assert not np.allclose(state[mean], engine.adapter.source_state[mean], atol=1e-3)
-    # one example weighs 1 / 145 beside a full memory: below MIN_BATCH a batch keeps its weight
-    _, stream = run_stream(engine, engine.policy, x, y, "class-sorted", 1)
+    # below MIN_BATCH a batch keeps its weight (12 examples: 12 / 156 beside a full memory) ...
+    _, stream = run_stream(engine, engine.policy, x, y, "class-sorted", 12)
     assert stream.labels.correlated(10) and prior.first_gates(stream.bank) == [0.0]  # type: ignore[attr-defined]
+    state = engine._statistics(stream, 12)  # type: ignore[arg-type]
+    assert float(state.get(weight, 0.0)) == pytest.approx(12 / (12 + 128 + engine.policy.stem_prior))
+    # ... down to MIN_STEM_WEIGHT: one example (1 / 145) weighs nothing
+    assert (
+        1 / (1 + 128 + engine.policy.stem_prior)
+        < MIN_STEM_WEIGHT
+        < 12 / (12 + 128 + engine.policy.stem_prior)
+    )
+    _, stream = run_stream(engine, engine.policy, x, y, "class-sorted", 1)
     state = engine._statistics(stream, 1)  # type: ignore[arg-type]
-    assert float(state[weight]) == pytest.approx(1 / (1 + 128 + engine.policy.stem_prior))
+    assert weight not in state and not engine.adapter.mixes(state)
 
 
 @pytest.mark.sanity

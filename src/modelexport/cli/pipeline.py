@@ -198,7 +198,7 @@ def _bool_opt(name: str, default: bool | None, help: str) -> Callable[[Decorated
 @_bool_opt(
     "anchors",
     default=True,
-    help="Image models: record eight training images per class in the package (modelexport.source_anchors), "
+    help="Image models: record four training images per class in the package (modelexport.source_anchors), "
     "against which test-time adaptation measures a noisy stream, where the validation images gain from them; "
     "false: record none (they are training data).",
 )

@@ -20,7 +20,9 @@ prior strength or a stream's running statistics (the prior = the previous batche
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -43,6 +45,9 @@ from .graph import (
     write_initializers,
 )
 from .memory import StatisticsPrior
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
 
 __all__ = ["BNLayer", "BNAdapter", "BNState", "find_bn_layers"]
 
@@ -117,7 +122,10 @@ class BNAdapter:
 
     The session's graph also reports every example's BN-input statistics (:data:`~.graph.SAMPLE_STATS`) and
     lets each *stem* layer (no BN upstream) mix its given statistics with the batch's own by a weight input
-    (:func:`~.graph.mix_weight`, default 0), so the robust statistics of :mod:`.memory` cost one pass.
+    (:func:`~.graph.mix_weight`, default 0), so the robust statistics of :mod:`.memory` cost one pass. A run
+    whose weights are all 0 takes a second session, built on first use, of the graph without the mixing
+    nodes: it computes the same, and at batch size 1, where ONNX Runtime's cost is its nodes, a mixing stem
+    layer's eighteen were a third of the digits CNN's pass (``benchmarks/test_time.py``).
     """
 
     def __init__(
@@ -142,8 +150,9 @@ class BNAdapter:
         self.stem = [not has_upstream(self.source, layer.x, "BatchNormalization") for layer in self.layers]
         self.mixed = [i for i, stem in enumerate(self.stem) if stem]
         reported = [layer.x for layer in self.layers] + list(outputs or [])
-        working = add_outputs(expose_initializers(self.source, names), reported)
-        working = mix_batch_statistics(working, [layer.node for layer in self.layers], set(self.mixed))
+        self._reported = reported
+        exposed = add_outputs(expose_initializers(self.source, names), reported)
+        working = mix_batch_statistics(exposed, [layer.node for layer in self.layers], set(self.mixed))
         self.working_model = working
         sizes = [len(self.source_state[layer.mean]) for layer in self.layers]
         #: Each layer's channels in the vectors over all BN channels (``StatisticsPrior``, sample statistics).
@@ -153,12 +162,15 @@ class BNAdapter:
         self._dtype = self.source_state[self.layers[0].mean].dtype
         self._weight_names = [mix_weight(i) for i in self.mixed]
         self._gate_names = [mix_variance_gate(i) for i in self.mixed]
+        self._mix_inputs = {*self._weight_names, *self._gate_names}
         self._feed_slices = [
             (x.mean, x.var, part) for x, part in zip(self.layers, self.channels, strict=True)
         ]
-        self.session, self.session_info = create_session(
-            working, session_config, **({"providers": tuple(providers)} if providers else {})
-        )
+        self._overrides = {"providers": tuple(providers)} if providers else {}
+        self._config = session_config
+        self.session, self.session_info = create_session(working, session_config, **self._overrides)
+        self._unmixed_session: InferenceSession | None = None
+        self._lock = threading.Lock()
 
     def run(
         self, feeds: dict[str, np.ndarray], state: BNState | None = None, outputs: list[str] | None = None
@@ -225,12 +237,16 @@ class BNAdapter:
         variance_gates: list[float] | None = None,
     ) -> BNState:
         """Feeds for the given statistics over every BN channel (None: the source's), the weight of the
-        batch's own statistics in the stem layers and (per stem layer) the share of it their variances take."""
-        feeds: BNState = dict.fromkeys(self._weight_names, np.asarray(batch_weight, self._dtype))
-        if variance_gates is not None:
-            feeds.update(
-                (k, np.asarray(g, self._dtype)) for k, g in zip(self._gate_names, variance_gates, strict=True)
-            )
+        batch's own statistics in the stem layers and (per stem layer) the share of it their variances take;
+        weight 0 feeds neither (the graph's default: :meth:`run_with_statistics` can skip the mixing)."""
+        feeds: BNState = {}
+        if batch_weight:
+            feeds.update(dict.fromkeys(self._weight_names, np.asarray(batch_weight, self._dtype)))
+            if variance_gates is not None:
+                feeds.update(
+                    (k, np.asarray(g, self._dtype))
+                    for k, g in zip(self._gate_names, variance_gates, strict=True)
+                )
         if mean is not None and var is not None:
             mean, var = mean.astype(self._dtype), var.astype(self._dtype)
             for m, v, part in self._feed_slices:
@@ -240,14 +256,36 @@ class BNAdapter:
     def unmixed(self, state: BNState) -> BNState:
         """``state`` with the stem layers' batch weight 0: every layer normalises with the given statistics alone
         (a pass over examples that are not one batch)."""
-        zero = np.asarray(0.0, self._dtype)
-        return {**state, **dict.fromkeys(self._weight_names, zero)}
+        return {k: v for k, v in state.items() if k not in self._mix_inputs}
+
+    def mixes(self, state: BNState) -> bool:
+        """Whether ``state`` gives a stem layer's batch statistics a weight (the graph's default: none)."""
+        return any(name in state and float(state[name]) != 0.0 for name in self._weight_names)
+
+    def _unmixed(self) -> InferenceSession:
+        """The session of the graph without the mixing nodes (built once, on first use)."""
+        session = self._unmixed_session
+        if session is None:
+            with self._lock:
+                if self._unmixed_session is None:
+                    names = [p for layer in self.layers for p in layer.params]
+                    exposed = add_outputs(expose_initializers(self.source, names), self._reported)
+                    model = mix_batch_statistics(exposed, [layer.node for layer in self.layers], set())
+                    self._unmixed_session = create_session(model, self._config, **self._overrides)[0]
+                session = self._unmixed_session
+        return session
 
     def run_with_statistics(
         self, feeds: dict[str, np.ndarray], state: BNState, output: str, extra: list[str] | None = None
     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-        """(``output``, every example's BN statistics (N, 2S), the ``extra`` outputs) of one run."""
-        out = self.session.run([output, SAMPLE_STATS, *(extra or [])], {**feeds, **state})
+        """(``output``, every example's BN statistics (N, 2S), the ``extra`` outputs) of one run; with no
+        batch weight and no ``extra``, in the graph without the mixing nodes."""
+        if extra or self.mixes(state):
+            out = self.session.run([output, SAMPLE_STATS, *(extra or [])], {**feeds, **state})
+        else:
+            if any(name in state for name in self._mix_inputs):  # a weight of 0 given: not an input there
+                state = self.unmixed(state)
+            out = self._unmixed().run([output, SAMPLE_STATS], {**feeds, **state})
         stats = out[1].reshape(len(out[1]), -1)
         return out[0], stats, out[2:]
 
