@@ -117,8 +117,9 @@ def _readings(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     flat = x.reshape(n, c, size)
     centred = flat - np.add.reduce(flat, axis=-1, keepdims=True) / size
     spread = np.sqrt(np.add.reduce(centred * centred, axis=-1) / size)
-    spread = np.where(spread > 0, spread, np.inf)  # a constant channel reads 0: its response is 0 as well
-    return sigma / spread, energy / spread
+    measured = spread > 0  # a constant channel, or one with a non-finite value, reads 0
+    spread = np.where(measured, spread, np.inf)
+    return np.where(measured, sigma / spread, 0.0), np.where(measured, energy / spread, 0.0)
 
 
 def noise_ratio(x: np.ndarray) -> np.ndarray:
@@ -262,7 +263,9 @@ def restore_measured(
             out = out + weight[:, :, None, None] * (gaussian_blur(x, BLUR_SIGMA) - x)
     if record.sharpen and record.sharp_floor:
         detail = sharp / record.sharp_floor
-        deficit = np.add.reduce(np.maximum(1.0 - detail * detail, 0.0) * (sharp > 0), axis=1) / channels
+        deficit = (
+            np.add.reduce(np.where(sharp > 0, np.maximum(1.0 - detail * detail, 0.0), 0.0), axis=1) / channels
+        )
         gain = np.divide(record.sharp_floor, sharp, out=np.ones_like(sharp), where=sharp > 0) - 1.0
         amount = np.minimum(np.maximum(record.sharpen * gain, 0.0), MAX_SHARPEN)
         if amount.any():
