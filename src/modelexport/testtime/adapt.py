@@ -151,8 +151,7 @@ class BNAdapter:
         self.mixed = [i for i, stem in enumerate(self.stem) if stem]
         reported = [layer.x for layer in self.layers] + list(outputs or [])
         self._reported = reported
-        exposed = add_outputs(expose_initializers(self.source, names), reported)
-        working = mix_batch_statistics(exposed, [layer.node for layer in self.layers], set(self.mixed))
+        working = self._graph(set(self.mixed))
         self.working_model = working
         sizes = [len(self.source_state[layer.mean]) for layer in self.layers]
         #: Each layer's channels in the vectors over all BN channels (``StatisticsPrior``, sample statistics).
@@ -171,6 +170,13 @@ class BNAdapter:
         self.session, self.session_info = create_session(working, session_config, **self._overrides)
         self._unmixed_session: InferenceSession | None = None
         self._lock = threading.Lock()
+
+    def _graph(self, mixed: set[int]) -> onnx.ModelProto:
+        """The source with the BN parameters as overridable inputs, the BN inputs (and the requested tensors)
+        as outputs, every example's statistics reported, and the ``mixed`` layers mixing in the batch's own."""
+        names = [p for layer in self.layers for p in layer.params]
+        exposed = add_outputs(expose_initializers(self.source, names), self._reported)
+        return mix_batch_statistics(exposed, [layer.node for layer in self.layers], mixed)
 
     def run(
         self, feeds: dict[str, np.ndarray], state: BNState | None = None, outputs: list[str] | None = None
@@ -268,9 +274,7 @@ class BNAdapter:
         if session is None:
             with self._lock:
                 if self._unmixed_session is None:
-                    names = [p for layer in self.layers for p in layer.params]
-                    exposed = add_outputs(expose_initializers(self.source, names), self._reported)
-                    model = mix_batch_statistics(exposed, [layer.node for layer in self.layers], set())
+                    model = self._graph(set())
                     self._unmixed_session = create_session(model, self._config, **self._overrides)[0]
                 session = self._unmixed_session
         return session

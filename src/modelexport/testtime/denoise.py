@@ -262,11 +262,11 @@ def restore_measured(
         if weight.any():  # every example through the blur: a weight of 0 leaves it exactly as it was
             out = out + weight[:, :, None, None] * (gaussian_blur(x, BLUR_SIGMA) - x)
     if record.sharpen and record.sharp_floor:
-        detail = sharp / record.sharp_floor
+        detail, read = sharp / record.sharp_floor, sharp > 0
         deficit = (
-            np.add.reduce(np.where(sharp > 0, np.maximum(1.0 - detail * detail, 0.0), 0.0), axis=1) / channels
+            np.add.reduce(np.where(read, np.maximum(1.0 - detail * detail, 0.0), 0.0), axis=1) / channels
         )
-        gain = np.divide(record.sharp_floor, sharp, out=np.ones_like(sharp), where=sharp > 0) - 1.0
+        gain = np.divide(record.sharp_floor, sharp, out=np.ones_like(sharp), where=read) - 1.0
         amount = np.minimum(np.maximum(record.sharpen * gain, 0.0), MAX_SHARPEN)
         if amount.any():
             out = out + amount[:, :, None, None] * (x - gaussian_blur(x, SHARPEN_SIGMA))
