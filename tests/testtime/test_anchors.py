@@ -20,13 +20,14 @@ from modelexport.testtime.anchors import (
     MEANS_FADE,
     MIN_PER_CLASS,
     PER_CLASS,
+    AnchorComparison,
     ShiftWindow,
     SourceAnchors,
-    deep_means,
-    deep_variances,
+    means_fade,
 )
 from modelexport.testtime.corruptions import corrupt
 from modelexport.testtime.engine import TestTimeEngine, calibrate_anchors, calibrate_restoration
+from modelexport.testtime.memory import SUPPORT, StatisticsMemory
 from modelexport.testtime.policy import TestTimePolicy
 
 from .robustness import run_stream
@@ -121,15 +122,16 @@ def test_the_deep_variances_are_the_anchors_scaled_by_the_within_class_ratio_of_
     doubled = np.where(np.arange(width) >= 2, 2.0, 1.0)
     stream = _rows(centres[3], spread * doubled, 2000, rng)
     base = np.full(width, 7.0)
-    out = deep_variances(stream, np.full(2000, 3), anchors, labels, [deep], base)
+    out = AnchorComparison(stream, np.full(2000, 3), anchors, labels, [deep]).variances(base)
     assert out is not None
     moments = anchors.mean(axis=0)
     pooled = moments[width:] - moments[:width] ** 2
     np.testing.assert_allclose(out[deep], 4.0 * pooled[deep], rtol=0.1)
     np.testing.assert_array_equal(out[stem], base[stem])
     assert pooled[deep].min() > 5.0  # the between-class spread is in it, not just the class's own
-    assert deep_variances(stream[:1], np.array([3]), anchors, labels, [deep], base) is None
-    assert deep_variances(stream[:9], np.full(9, 7), anchors, labels, [deep], base) is None  # no such anchors
+    assert AnchorComparison(stream[:1], np.array([3]), anchors, labels, [deep]).variances(base) is None
+    no_such_anchors = AnchorComparison(stream[:9], np.full(9, 7), anchors, labels, [deep])
+    assert no_such_anchors.variances(base) is None
     assert MIN_PER_CLASS == 2
 
 
@@ -148,11 +150,28 @@ def test_the_deep_means_are_the_anchors_moved_by_the_streams_difference_from_its
     stream = np.concatenate([_rows(centres[c] + moved, spread, 1000, rng) for c in (1, 3)])
     classes = np.repeat([1, 3], 1000)
     base = np.full(width, 7.0)
-    out = deep_means(stream, classes, anchors, labels, [deep], base)
+    out = AnchorComparison(stream, classes, anchors, labels, [deep]).means(base)
     assert out is not None
     np.testing.assert_allclose(out[deep], anchors[:, deep].mean(axis=0) + 2.0, atol=0.1)
     np.testing.assert_array_equal(out[stem], base[stem])
-    assert deep_means(stream[:5], np.full(5, 7), anchors, labels, [deep], base) is None  # no such anchors
+    assert AnchorComparison(stream[:5], np.full(5, 7), anchors, labels, [deep]).means(base) is None
+
+
+@pytest.mark.smoke
+def test_the_deep_means_fade_by_the_memorys_class_support_not_by_a_stray_entry_per_class() -> None:
+    """A full memory of one class with a stray misprediction of each other class covers every class, but
+    supports one and nine sixths of one: the measured deep means still move by most of the variances' share.
+    Half its fair share of every class: they do not move; one class alone: fully."""
+    memory = StatisticsMemory(128, 4, 10)
+    memory.add(np.ones((128, 4)), np.r_[np.zeros(119, np.int64), np.arange(1, 10)])
+    fair = SUPPORT * 128 / 10
+    assert memory.coverage == 1.0
+    assert memory.support == pytest.approx((1 + 9 / fair) / 10)
+    assert (
+        means_fade(memory.support) == pytest.approx((1 - memory.support) ** 2)
+        and means_fade(memory.support) > 0.5
+    )
+    assert means_fade(1.0) == 0.0 and means_fade(0.1) == pytest.approx(0.81)
     assert MEANS_FADE == 2
 
 
@@ -179,10 +198,10 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
 ) -> None:
     """Gaussian noise read class by class: the first batch is measured before it is predicted, and the stream's
     prior moves its deep layers' variances (the stem's and every mean stay the source's) to the anchors'
-    measured under its statistics; the next measurement, while the memory lacks classes, moves the deep means
-    too (the stem's stay); the predictions differ from ``anchors=False``. Clean digits open nothing: no
-    measurement pass, the engine's own prior, and the same predictions as without anchors. A model without the
-    record, or the policy's ``anchors=False``, keeps no shift window."""
+    measured under its statistics; the next measurement, while the memory does not yet support every class,
+    moves the deep means too (the stem's stay); the predictions differ from ``anchors=False``. Clean digits open
+    nothing: no measurement pass, the engine's own prior, and the same predictions as without anchors. A model
+    without the record, or the policy's ``anchors=False``, keeps no shift window."""
     x, y = digits.x_test[256:576], digits.y_test[256:576]
     noisy = corrupt(x, "gaussian_noise", 4, seed=0)
     engine = TestTimeEngine(anchored, TestTimePolicy(ttt="bn"))
@@ -212,8 +231,8 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
         engine.predict({"x": ordered[start : start + 40]}, first)
         if first.prior[0] > 40:
             break
-    again, coverage = first.prior[1], first.bank.coverage  # type: ignore[union-attr]
-    assert first.prior[0] > 40 and coverage < 1.0, (first.prior[0], coverage)
+    again, support = first.prior[1], first.bank.support  # type: ignore[union-attr]
+    assert first.prior[0] > 40 and support < 1.0, (first.prior[0], support)
     assert np.abs(again.mean[deep] - prior.mean[deep]).max() > 1e-3
     np.testing.assert_array_equal(again.mean[stem], prior.mean[stem])
 
@@ -258,7 +277,7 @@ def test_a_batch_one_stream_measures_the_anchors_alone_against_the_rows_its_pass
     for i in range(len(noisy)):
         engine.predict({engine.input_name: noisy[i : i + 1]}, stream)
         if stream.prior is not None and (not measured or stream.prior is not measured[-1][0]):
-            measured.append((stream.prior, stream.bank.coverage))  # type: ignore[union-attr]
+            measured.append((stream.prior, stream.bank.support))  # type: ignore[union-attr]
     assert [n for n in sizes if n > 1] == [len(anchors.labels)] * 3
     assert stream.prior is not None and 2 * 128 <= stream.prior[0] <= 2 * 200  # twice its length then
     assert len(measured) == 3 and measured[0][1] < 1.0, [c for _, c in measured]

@@ -33,15 +33,14 @@ from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
 from .anchors import (
     LONGEST,
-    MEANS_FADE,
     MIN_EXAMPLES,
     NOISE_OPEN,
     PER_CLASS,
     WINDOW,
+    AnchorComparison,
     ShiftWindow,
     SourceAnchors,
-    deep_means,
-    deep_variances,
+    means_fade,
 )
 from .augment import make_views
 from .denoise import InputNoise, calibrate, measurable, noisy_levels, restore_measured
@@ -485,8 +484,9 @@ class TestTimeEngine:
         from the anchors of their predicted classes; and, after a first batch (measured on itself before it is
         predicted: there a mean shift read off the same examples swung streams by up to 3 points either way),
         the deep means moved by the examples' mean difference from those anchors, as far as the memory does
-        not yet cover the classes (``MEANS_FADE``). One pass runs the anchors and the window's inputs; a small
-        batch's rows are its own pass's (``ShiftWindow``). Where nothing opens it, no pass: the engine's prior.
+        not yet support the classes (:func:`~.anchors.means_fade`). One pass runs the anchors and the window's
+        inputs; a small batch's rows are its own pass's (``ShiftWindow``). Where nothing opens it, no pass: the
+        engine's prior.
         Measured again once the stream has seen as many examples since as it had (at least the examples
         measured, at most ``LONGEST``): ``clock``, the examples its memory took so far."""
         anchors, adapter, prior, window = self._anchors, self.adapter, self._prior, stream.window
@@ -508,14 +508,15 @@ class TestTimeEngine:
             measured = _classes(logits[:k])
             classes = measured if classes is None else np.concatenate([classes, measured])
         assert rows is not None and classes is not None
-        var = deep_variances(rows, classes, out[k:], anchors.labels, self._deep, prior.var)
+        comparison = AnchorComparison(rows, classes, out[k:], anchors.labels, self._deep)
+        var = comparison.variances(prior.var)
         if var is None:
             stream.prior = (due, prior)
             return
         mean, fade = None, 0.0
         if clock and stream.bank is not None:  # a first batch is measured on itself: its deep means stay
-            mean = deep_means(rows, classes, out[k:], anchors.labels, self._deep, prior.mean)
-            fade = (1.0 - stream.bank.coverage) ** MEANS_FADE
+            mean = comparison.means(prior.mean)
+            fade = means_fade(stream.bank.support)
         stream.prior = (due, prior.with_deep_moments(var, share, mean, share * fade))
 
     def _measure_due(self, stream: Stream) -> bool:
