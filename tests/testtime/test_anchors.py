@@ -159,9 +159,9 @@ def test_the_deep_means_are_the_anchors_moved_by_the_streams_difference_from_its
 
 @pytest.mark.smoke
 def test_the_deep_means_fade_by_the_memorys_class_support_not_by_a_stray_entry_per_class() -> None:
-    """A full memory of one class with a stray misprediction of each other class covers every class, but
-    supports one and nine sixths of one: the measured deep means still move by most of the variances' share.
-    Half its fair share of every class: they do not move; one class alone: fully."""
+    """A full memory of one class with a stray misprediction of each other class covers every class, but a
+    stray entry supports a 6.4th of its class (half its fair share is 6.4 entries): a support of 0.24, and the
+    measured deep means still move by most of the variances' share. Full support: they do not move."""
     memory = StatisticsMemory(128, 4, 10)
     memory.add(np.ones((128, 4)), np.r_[np.zeros(119, np.int64), np.arange(1, 10)])
     fair = SUPPORT * 128 / 10

@@ -260,7 +260,7 @@ def _within_variance(
     return total / sum(weights.values())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class AnchorComparison:
     """A stream's examples beside the source anchors, both run under the same statistics: what the deep layers'
     (``layers``) variances and means are estimated from. ``rows``/``anchor_rows``: per-example BN statistics
