@@ -16,7 +16,9 @@ from modelexport.cli.app import main
 from modelexport.errors import TestTimeError
 from modelexport.metadata import read_metadata, write_metadata
 from modelexport.metadata.schema import KEY_INPUT_NOISE, KEY_SOURCE_ANCHORS
+from modelexport.testtime import engine as engine_module
 from modelexport.testtime.anchors import (
+    FIRST_MEANS,
     MEANS_FADE,
     MIN_PER_CLASS,
     PER_CLASS,
@@ -197,9 +199,9 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
     anchored: Path, digits: Any, digits_export: Any
 ) -> None:
     """Gaussian noise read class by class: the first batch is measured before it is predicted, and the stream's
-    prior moves its deep layers' variances (the stem's and every mean stay the source's) to the anchors'
+    prior moves its deep layers' variances and means (the stem's stay the source's) toward the anchors'
     measured under its statistics; the next measurement, while the memory does not yet support every class,
-    moves the deep means too (the stem's stay); the predictions differ from ``anchors=False``. Clean digits open
+    moves the deep means again (the stem's stay); the predictions differ from ``anchors=False``. Clean digits open
     nothing: no measurement pass, the engine's own prior, and the same predictions as without anchors. A model
     without the record, or the policy's ``anchors=False``, keeps no shift window."""
     x, y = digits.x_test[256:576], digits.y_test[256:576]
@@ -226,7 +228,8 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
     own = first.prior[1]
     assert not np.allclose(own.var[deep], prior.var[deep], rtol=0.05)
     np.testing.assert_array_equal(own.var[stem], prior.var[stem])
-    np.testing.assert_array_equal(own.mean, prior.mean)  # measured on itself: the means stay
+    np.testing.assert_array_equal(own.mean[stem], prior.mean[stem])
+    assert np.abs(own.mean[deep] - prior.mean[deep]).max() > 1e-3  # read again under its variances
     for start in range(40, 200, 40):  # until measured again, against the few classes its memory holds
         engine.predict({"x": ordered[start : start + 40]}, first)
         if first.prior[0] > 40:
@@ -250,6 +253,49 @@ def test_a_noisy_stream_measures_its_deep_variances_against_the_anchors_and_a_cl
     assert plain._anchors is None
     _, unrecorded = run_stream(plain, plain.policy, noisy, y, "class-sorted", 32)
     assert unrecorded.window is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.must
+def test_a_first_batch_reads_its_deep_means_again_under_the_variances_it_measured(
+    anchored: Path, digits: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A noisy class-ordered stream's first batch of 40: one pass of its inputs and the anchors measures the
+    deep variances, a second, under them, the deep means, then the batch is predicted. The means move
+    ``FIRST_MEANS`` of the variances' share of the way: at a share of 1 exactly twice as far; the variances,
+    the stem and the predicting pass's inputs are the same either way."""
+    x, y = digits.x_test[256:576], digits.y_test[256:576]
+    ordered = corrupt(x, "gaussian_noise", 4, seed=0)[np.argsort(y, kind="stable")][:40]
+    priors, sizes = [], []
+    for share in (FIRST_MEANS, 1.0):
+        monkeypatch.setattr(engine_module, "FIRST_MEANS", share)
+        engine = TestTimeEngine(anchored, TestTimePolicy(ttt="bn"))
+        adapter, anchors = engine.adapter, engine._anchors
+        assert adapter is not None and anchors is not None
+        run = adapter.run_with_statistics
+
+        def counted(
+            feeds: dict[str, np.ndarray], *args: Any, run: Any = run, name: str = engine.input_name, **kw: Any
+        ) -> Any:
+            sizes.append(len(feeds[name]))
+            return run(feeds, *args, **kw)
+
+        monkeypatch.setattr(adapter, "run_with_statistics", counted)
+        stream = engine.new_stream()
+        engine.predict({engine.input_name: ordered}, stream)
+        assert stream.prior is not None
+        priors.append(stream.prior[1])
+    measured = 40 + len(anchors.labels)
+    assert sizes[:3] == [measured, measured, 40] and sizes[3:6] == [measured, measured, 40], sizes
+    prior = engine._prior
+    assert prior is not None
+    deep = np.concatenate([np.arange(p.start, p.stop) for p in engine._deep])
+    stem = adapter.channels[0]
+    half, full = (p.mean - prior.mean for p in priors)
+    assert np.abs(half[deep]).max() > 1e-3
+    np.testing.assert_allclose(full[deep], half[deep] / FIRST_MEANS, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(half[stem], 0.0)
+    np.testing.assert_array_equal(priors[0].var, priors[1].var)
+    assert FIRST_MEANS == 0.5
 
 
 @pytest.mark.must

@@ -32,6 +32,7 @@ from ..runtime.session import SessionConfig, SessionInfo, create_session
 from .adapt import BNAdapter, BNState, find_bn_layers
 from .aggregate import aggregate
 from .anchors import (
+    FIRST_MEANS,
     LONGEST,
     MIN_EXAMPLES,
     NOISE_OPEN,
@@ -164,6 +165,8 @@ class TestTimeEngine:
             if self._method.step is not None:  # built once, shared by every stream
                 self._tail = Tail.build(self.adapter, self.output_name, self.policy.step_layers)
         self._anchors = self._source_anchors(source)
+        #: How far a first batch moves its measured deep means (``FIRST_MEANS``; 0 in :func:`calibrate_anchors`).
+        self._first_means = FIRST_MEANS
         #: The deeper BN layers' channels (no stem), where the anchors measure a shift.
         self._deep = (
             [part for part, stem in zip(self.adapter.channels, self.adapter.stem, strict=True) if not stem]
@@ -481,12 +484,12 @@ class TestTimeEngine:
         """The stream's own prior (``anchors.py``): as far as its inputs' excess ``noise`` opens it
         (``NOISE_OPEN``), the deeper layers' source variances replaced by the anchors' measured under
         ``state`` (the stem with the given statistics alone), scaled by how the stream's last examples differ
-        from the anchors of their predicted classes; and, after a first batch (measured on itself before it is
-        predicted: there a mean shift read off the same examples swung streams by up to 3 points either way),
-        the deep means moved by the examples' mean difference from those anchors, as far as the memory does
-        not yet support the classes (:func:`~.anchors.means_fade`). One pass runs the anchors and the window's
-        inputs; a small batch's rows are its own pass's (``ShiftWindow``). Where nothing opens it, no pass: the
-        engine's prior.
+        from the anchors of their predicted classes; and the deep means moved by the examples' mean difference
+        from those anchors, as far as the memory does not yet support the classes (:func:`~.anchors.means_fade`)
+        -- on a first batch, measured on itself before it is predicted, ``FIRST_MEANS`` of the way, read in a
+        second pass under the variances just measured (:meth:`_first_batch_means`). One pass runs the anchors
+        and the window's inputs; a small batch's rows are its own pass's (``ShiftWindow``). Where nothing opens
+        it, no pass: the engine's prior.
         Measured again once the stream has seen as many examples since as it had (at least the examples
         measured, at most ``LONGEST``): ``clock``, the examples its memory took so far."""
         anchors, adapter, prior, window = self._anchors, self.adapter, self._prior, stream.window
@@ -514,10 +517,26 @@ class TestTimeEngine:
             stream.prior = (due, prior)
             return
         mean, fade = None, 0.0
-        if clock and stream.bank is not None:  # a first batch is measured on itself: its deep means stay
-            mean = comparison.means(prior.mean)
-            fade = means_fade(stream.bank.support)
+        if clock and stream.bank is not None:
+            mean, fade = comparison.means(prior.mean), means_fade(stream.bank.support)
+        elif k and self._first_means:  # a first batch, measured on itself: its means read again, under them
+            moved = prior.with_deep_moments(var, share)
+            mean, fade = self._first_batch_means(x, k, moved, state), self._first_means
         stream.prior = (due, prior.with_deep_moments(var, share, mean, share * fade))
+
+    def _first_batch_means(
+        self, x: np.ndarray, k: int, moved: StatisticsPrior, state: BNState
+    ) -> np.ndarray | None:
+        """A first batch's deep means (:meth:`_measure`): its ``k`` examples and the anchors (the rest of ``x``)
+        run again with the deep variances the first reading measured (``moved``), and the examples' mean
+        difference from the anchors of the classes predicted there: under the source's deep variances, whose
+        shift is measured, a noisy example's class is too often wrong for its difference to be a shift."""
+        adapter, anchors = self.adapter, self._anchors
+        assert adapter is not None and anchors is not None
+        feeds = {**adapter.unmixed(state), **adapter.statistics_feeds(moved.mean, moved.var, 0.0)}
+        logits, out, _ = adapter.run_with_statistics({self.input_name: x}, feeds, self.output_name)
+        again = AnchorComparison(out[:k], _classes(logits[:k]), out[k:], anchors.labels, self._deep)
+        return again.means(moved.mean)
 
     def _measure_due(self, stream: Stream) -> bool:
         """Whether the stream measures its shift (again): the model records anchors, the stream has
@@ -812,14 +831,16 @@ def calibrate_anchors(
     than without (the same where the record denoises nothing: nothing is measured). The estimate assumes noise
     moves a deep layer's variance alike for every class; on the pipeline's digits networks it held (noise 3
     and 4 read class by class: +1 to +5 points), on its shapes network it did not (-1 to -1.7), and this is
-    where the pipeline tells the two apart."""
+    where the pipeline tells the two apart. It judges the variances alone, a first batch's means left out
+    (``FIRST_MEANS``, measured on the networks this judgement kept): with them, the tests' digits and shapes
+    CNNs, which it refuses, would pass on one noise level's gain."""
     source = load_model(model)
     if not find_bn_layers(source):  # nothing adapts: nothing to measure
         return False
     measured = TestTimeEngine(source, TestTimePolicy(ttt="bn"), providers)
     if not measured._takes_anchors():
         return False
-    measured._anchors = measured._as_input(anchors)
+    measured._anchors, measured._first_means = measured._as_input(anchors), 0.0
     unmeasured = TestTimeEngine(source, TestTimePolicy(ttt="bn", anchors=False), providers)
     order = StreamOrder("class-sorted").indices(labels)
     y = np.asarray(labels)[order]
