@@ -519,7 +519,7 @@ class TestTimeEngine:
         mean, fade = None, 0.0
         if clock and stream.bank is not None:
             mean, fade = comparison.means(prior.mean), means_fade(stream.bank.support)
-        elif k and self._first_means:  # a first batch, measured on itself: its means read again, under them
+        elif k and self._first_means:  # a first batch, measured on itself: means read under its variances
             moved = prior.with_deep_moments(var, share)
             mean, fade = self._first_batch_means(x, k, moved, state), self._first_means
         stream.prior = (due, prior.with_deep_moments(var, share, mean, share * fade))
