@@ -345,10 +345,11 @@ def test_the_policy_switch_is_a_boolean() -> None:
 def test_calibration_refuses_anchors_where_noisy_class_ordered_streams_do_not_gain(
     anchored: Path, digits: Any, digits_export: Any
 ) -> None:
-    """The tests' digits CNN, trained on crisp 8x8 digits, is one where the estimate does not hold: with its
-    inputs denoised, class-ordered streams of noisy digits lost 0.6-2 points with the anchors, and the
-    calibration the pipeline runs (noisy validation images read class by class) refuses them. A model the
-    engine cannot measure with (no input-noise record: nothing is restored, nothing read) gets none either."""
+    """The tests' digits CNN, trained on crisp 8x8 digits, is one where the variance estimate does not hold:
+    with its inputs denoised, class-ordered streams of noisy digits lost 0.6-2 points with the anchors' deep
+    variances, and the calibration the pipeline runs (noisy validation images read class by class, a first
+    batch's means left out: ``FIRST_MEANS``) refuses them. A model the engine cannot measure with (no
+    input-noise record: nothing is restored, nothing read) gets none either."""
     anchors = SourceAnchors.select(digits.x_train, digits.y_train)
     assert anchors is not None
     held, labels = digits.x_test[:256], digits.y_test[:256]
