@@ -376,12 +376,12 @@ class StatisticsMemory:
     @property
     def noise_level(self) -> float:
         """The entries' mean excess noise (0 when empty or unmeasured)."""
-        return float(self.noise[: self.size].mean()) if self.size else 0.0
+        return float(self.noise[: self.size].sum() / self.size) if self.size else 0.0
 
     @property
     def deficit_level(self) -> float:
         """The entries' mean detail deficit (0 when empty or unmeasured)."""
-        return float(self.deficit[: self.size].mean()) if self.size else 0.0
+        return float(self.deficit[: self.size].sum() / self.size) if self.size else 0.0
 
     @property
     def coverage(self) -> float:
@@ -452,7 +452,7 @@ class StatisticsPrior:
         for part, squares, source in zip(self.gated, self._gated_squares, self._gated_var, strict=True):
             mean = moments[part]
             ratio = (np.maximum(moments[squares] - mean * mean, 0.0) + SHIFT_EPS) / source
-            out.append(0.5 * float((ratio - 1.0 - np.log(ratio)).mean()))
+            out.append(0.5 * float((ratio - 1.0 - np.log(ratio)).sum()) / len(ratio))
         return out
 
     def gates(self, memory: StatisticsMemory, own: list[float] | None = None) -> list[float]:
