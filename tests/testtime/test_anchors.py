@@ -19,12 +19,14 @@ from modelexport.metadata.schema import KEY_INPUT_NOISE, KEY_SOURCE_ANCHORS
 from modelexport.testtime import engine as engine_module
 from modelexport.testtime.anchors import (
     FIRST_MEANS,
+    MEANS_CLASSES,
     MEANS_FADE,
     MIN_PER_CLASS,
     PER_CLASS,
     AnchorComparison,
     ShiftWindow,
     SourceAnchors,
+    classes_share,
     means_fade,
 )
 from modelexport.testtime.corruptions import corrupt
@@ -177,6 +179,17 @@ def test_the_deep_means_fade_by_the_memorys_class_support_not_by_a_stray_entry_p
     assert MEANS_FADE == 2
 
 
+@pytest.mark.smoke
+def test_a_shift_read_off_few_classes_moves_the_deep_means_less() -> None:
+    """The effective number of classes over itself plus ``MEANS_CLASSES``: one class a third, two equal ones a
+    half, ten equal ones five sixths; a class with a few strays a little more than one class."""
+    assert MEANS_CLASSES == 2
+    assert classes_share(np.full(40, 3)) == pytest.approx(1 / 3)
+    assert classes_share(np.repeat([1, 4], 20)) == pytest.approx(1 / 2)
+    assert classes_share(np.repeat(np.arange(10), 4)) == pytest.approx(10 / 12)
+    assert 1 / 3 < classes_share(np.r_[np.zeros(37, np.int64), [5, 6, 7]]) < 1 / 2
+
+
 @pytest.fixture(scope="module")
 def anchored(digits: Any, digits_export: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The digits CNN with an input-noise record that denoises (strength 1: its calibration turns denoising
@@ -296,6 +309,60 @@ def test_a_first_batch_reads_its_deep_means_again_under_the_variances_it_measure
     np.testing.assert_array_equal(half[stem], 0.0)
     np.testing.assert_array_equal(priors[0].var, priors[1].var)
     assert FIRST_MEANS == 0.5
+
+
+@pytest.mark.must
+def test_a_remeasurement_moves_the_deep_means_as_far_as_its_examples_span_classes(
+    anchored: Path, digits: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Noisy digits read class by class in batches of 40 are measured again after the first batch, the window's
+    examples run again: the deep means move ``classes_share`` of what the memory's support leaves them, the
+    effective number of classes those examples were predicted as over itself plus ``MEANS_CLASSES``. With that
+    share taken as 1 they move exactly that much farther, the variances the same; the stem's means stay the
+    source's. A stream of single examples, whose window is not run again, never asks."""
+    x, y = digits.x_test[256:576], digits.y_test[256:576]
+    ordered = corrupt(x, "gaussian_noise", 4, seed=0)[np.argsort(y, kind="stable")]
+    asked: list[tuple[np.ndarray, float]] = []
+
+    def recorded(classes: np.ndarray) -> float:
+        share = classes_share(classes)
+        asked.append((classes.copy(), share))
+        return share
+
+    def measured_again(share: Any) -> tuple[TestTimeEngine, Any]:
+        monkeypatch.setattr(engine_module, "classes_share", share)
+        engine, stream = TestTimeEngine(anchored, TestTimePolicy(ttt="bn")), None
+        stream = engine.new_stream()
+        for start in range(0, len(ordered), 40):
+            engine.predict({"x": ordered[start : start + 40]}, stream)
+            if stream.prior is not None and stream.prior[0] > 40:
+                return engine, stream.prior[1]
+        raise AssertionError("not measured again")
+
+    engine, own = measured_again(recorded)
+    _, whole = measured_again(lambda classes: 1.0)
+    assert len(asked) == 1
+    classes, share = asked[0]
+    counts = np.bincount(classes)
+    p = counts[counts > 0] / len(classes)
+    k = float(np.exp(-(p * np.log(p)).sum()))
+    assert share == pytest.approx(k / (k + MEANS_CLASSES)) and 1 / 3 <= share < 1, (share, counts)
+    prior, adapter = engine._prior, engine.adapter
+    assert prior is not None and adapter is not None
+    deep = np.concatenate([np.arange(q.start, q.stop) for q in engine._deep])
+    moved = own.mean[deep] - prior.mean[deep]
+    assert np.abs(moved).max() > 1e-4
+    np.testing.assert_allclose(moved, share * (whole.mean[deep] - prior.mean[deep]), rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(own.var, whole.var)
+    np.testing.assert_array_equal(own.mean[adapter.channels[0]], prior.mean[adapter.channels[0]])
+
+    asked.clear()
+    monkeypatch.setattr(engine_module, "classes_share", recorded)
+    single = TestTimeEngine(anchored, TestTimePolicy(ttt="bn"))
+    stream = single.new_stream()
+    for i in range(100):
+        single.predict({"x": ordered[i : i + 1]}, stream)
+    assert stream.prior is not None and stream.prior[1] is not single._prior and asked == []
 
 
 @pytest.mark.must

@@ -41,6 +41,7 @@ from .anchors import (
     AnchorComparison,
     ShiftWindow,
     SourceAnchors,
+    classes_share,
     means_fade,
 )
 from .augment import make_views
@@ -486,8 +487,10 @@ class TestTimeEngine:
         ``state`` (the stem with the given statistics alone), scaled by how the stream's last examples differ
         from the anchors of their predicted classes; and the deep means moved by the examples' mean difference
         from those anchors, as far as the memory does not yet support the classes (:func:`~.anchors.means_fade`)
-        -- on a first batch, measured on itself before it is predicted, ``FIRST_MEANS`` of the way, read in a
-        second pass under the variances just measured (:meth:`_first_batch_means`). One pass runs the anchors
+        and, where the window's examples run again (batches of ``MIN_BATCH`` or more), as far as they were
+        predicted as several classes (:func:`~.anchors.classes_share`) -- on a first batch, measured on itself
+        before it is predicted, ``FIRST_MEANS`` of the way, read in a second pass under the variances just
+        measured (:meth:`_first_batch_means`). One pass runs the anchors
         and the window's inputs; a small batch's rows are its own pass's (``ShiftWindow``). Where nothing opens
         it, no pass: the engine's prior.
         Measured again once the stream has seen as many examples since as it had (at least the examples
@@ -519,6 +522,8 @@ class TestTimeEngine:
         mean, fade = None, 0.0
         if clock and stream.bank is not None:
             mean, fade = comparison.means(prior.mean), means_fade(stream.bank.support)
+            if k:  # the window's examples, run again: as far as they were read off several classes
+                fade *= classes_share(classes)
         elif k and self._first_means:  # a first batch, measured on itself: means read under its variances
             moved = prior.with_deep_moments(var, share)
             mean, fade = self._first_batch_means(x, k, moved, state), self._first_means
