@@ -490,9 +490,8 @@ class TestTimeEngine:
         and, where the window's examples run again (batches of ``MIN_BATCH`` or more), as far as they were
         predicted as several classes (:func:`~.anchors.classes_share`) -- on a first batch, measured on itself
         before it is predicted, ``FIRST_MEANS`` of the way, read in a second pass under the variances just
-        measured (:meth:`_first_batch_means`). One pass runs the anchors
-        and the window's inputs; a small batch's rows are its own pass's (``ShiftWindow``). Where nothing opens
-        it, no pass: the engine's prior.
+        measured (:meth:`_first_batch_means`). One pass runs the anchors and the window's inputs; a small
+        batch's rows are its own pass's (``ShiftWindow``). Where nothing opens it, no pass: the engine's prior.
         Measured again once the stream has seen as many examples since as it had (at least the examples
         measured, at most ``LONGEST``): ``clock``, the examples its memory took so far."""
         anchors, adapter, prior, window = self._anchors, self.adapter, self._prior, stream.window
