@@ -331,7 +331,7 @@ def test_a_remeasurement_moves_the_deep_means_as_far_as_its_examples_span_classe
 
     def measured_again(share: Any) -> tuple[TestTimeEngine, Any]:
         monkeypatch.setattr(engine_module, "classes_share", share)
-        engine, stream = TestTimeEngine(anchored, TestTimePolicy(ttt="bn")), None
+        engine = TestTimeEngine(anchored, TestTimePolicy(ttt="bn"))
         stream = engine.new_stream()
         for start in range(0, len(ordered), 40):
             engine.predict({"x": ordered[start : start + 40]}, stream)
