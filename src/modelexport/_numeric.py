@@ -9,7 +9,15 @@ import numpy as np
 
 from .errors import ModelExportError
 
-__all__ = ["MAX_SEED", "softmax", "available_memory", "check_fits_in_memory", "is_seed", "tensor_bytes"]
+__all__ = [
+    "MAX_SEED",
+    "softmax",
+    "available_memory",
+    "check_fits_in_memory",
+    "count_entropy",
+    "is_seed",
+    "tensor_bytes",
+]
 
 #: Largest random seed: numpy's generators take 0 <= seed < 2**32 (torch's take the same range here).
 MAX_SEED = 2**32 - 1
@@ -19,6 +27,12 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     """Probabilities over ``axis``; the max is subtracted first so large logits do not overflow."""
     e = np.exp(logits - logits.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
+
+
+def count_entropy(counts: np.ndarray) -> float:
+    """The entropy (nats) of the distribution that ``counts`` (one per class, not all 0) give."""
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
 
 
 def available_memory() -> int | None:

@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from .._numeric import count_entropy
 from ..errors import TestTimeError
 
 __all__ = [
@@ -350,9 +351,7 @@ class AnchorComparison:
 def classes_share(classes: np.ndarray) -> float:
     """``k / (k + MEANS_CLASSES)``, ``k`` the effective number of classes among ``classes`` (predicted, ints >= 0):
     the exponential of their frequencies' entropy, 1 for one class and n for n equally frequent ones."""
-    counts = np.bincount(classes)
-    p = counts[counts > 0] / len(classes)
-    k = float(np.exp(-(p * np.log(p)).sum()))
+    k = float(np.exp(count_entropy(np.bincount(classes))))
     return k / (k + MEANS_CLASSES)
 
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .._numeric import MAX_SEED, is_seed
+from .._numeric import MAX_SEED, count_entropy, is_seed
 from .._registry import Registry
 from ..errors import TestTimeError
 from .anchors import ShiftWindow
@@ -170,9 +170,7 @@ def stream_order(spec: str | StreamOrder, seed: int = 0) -> StreamOrder:
 
 
 def _entropy(classes: list[int], num_classes: int) -> float:
-    counts = np.bincount(np.asarray(classes, dtype=np.int64), minlength=num_classes).astype(np.float64)
-    p = counts[counts > 0] / counts.sum()
-    return float(-(p * np.log(p)).sum())
+    return count_entropy(np.bincount(np.asarray(classes, dtype=np.int64), minlength=num_classes))
 
 
 @functools.lru_cache(maxsize=64)
@@ -274,9 +272,7 @@ class ClassWindow(ClassRing):
         return True
 
     def entropy(self) -> float:
-        counts = self.counts(self.num_classes)
-        p = counts[counts > 0] / counts.sum()
-        return float(-(p * np.log(p)).sum())
+        return count_entropy(self.counts(self.num_classes))
 
     def clear(self) -> None:
         super().clear()
