@@ -63,6 +63,34 @@ def test_one_pass_reports_each_example_and_mixes_the_stem_exactly(digits_export:
 
 
 @pytest.mark.must
+def test_the_memory_statistics_graph_reports_no_bn_inputs_and_predicts_the_same(
+    digits_export: Any, digits: Any
+) -> None:
+    """The memory statistics read every example's statistics, not the BN inputs: their graph leaves those out
+    (each kept ONNX Runtime's reorders to the plain layout) and predicts a stream bit for bit as the graph
+    that reports them; the batch statistics, which read them, keep them."""
+    engine = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
+    adapter = engine.adapter
+    assert adapter is not None and not adapter.report_inputs
+    outputs = {o.name for o in adapter.working_model.graph.output}
+    assert outputs.isdisjoint(layer.x for layer in adapter.layers)
+    with pytest.raises(TestTimeError, match="does not report the BN inputs"):
+        adapter.batch_statistics({"x": digits.x_test[:8]})
+    reporting = TestTimeEngine(digits_export.onnx_path, TestTimePolicy(ttt="bn"))
+    reporting.adapter = BNAdapter(digits_export.onnx_path)
+    assert {layer.x for layer in reporting.adapter.layers} <= {
+        o.name for o in reporting.adapter.working_model.graph.output
+    }
+    x = corrupt(digits.x_test[:160], "gaussian_noise", 3, seed=0)
+    streams = engine.new_stream(), reporting.new_stream()
+    for i in range(0, len(x), 32):
+        feeds = {"x": x[i : i + 32]}
+        np.testing.assert_array_equal(engine.predict(feeds, streams[0]), reporting.predict(feeds, streams[1]))
+    batch = TestTimeEngine(digits_export.onnx_path, POLICY_PRESETS["bn-exact"]).adapter
+    assert batch is not None and batch.report_inputs
+
+
+@pytest.mark.must
 def test_memory_keeps_every_class_its_share_and_the_newest() -> None:
     one_at_a_time, batched = StatisticsMemory(8, 2, 3), StatisticsMemory(8, 2, 3)
     labels = np.array([i % 3 for i in range(20)] + [0] * 10)  # three classes, then one class floods

@@ -140,7 +140,11 @@ class TestTimeEngine:
         self.adapter: BNAdapter | None = None
         if self.policy.ttt != "none":
             self.adapter = BNAdapter(
-                working, providers, session_config, self._tail_outputs(working, output_name)
+                working,
+                providers,
+                session_config,
+                self._tail_outputs(working, output_name),
+                report_inputs=self.policy.statistics != "memory",
             )
             self.session, self.session_info = self.adapter.session, self.adapter.session_info
         elif session is not None and working is source:
