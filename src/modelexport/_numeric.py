@@ -11,6 +11,7 @@ from .errors import ModelExportError
 
 __all__ = [
     "MAX_SEED",
+    "log_softmax",
     "softmax",
     "available_memory",
     "check_fits_in_memory",
@@ -27,6 +28,12 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     """Probabilities over ``axis``; the max is subtracted first so large logits do not overflow."""
     e = np.exp(logits - logits.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
+
+
+def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Log-probabilities over ``axis`` in float64 (the max subtracted first, as :func:`softmax`)."""
+    z = logits.astype(np.float64) - logits.max(axis=axis, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
 
 
 def count_entropy(counts: np.ndarray) -> float:

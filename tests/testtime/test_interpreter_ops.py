@@ -116,6 +116,7 @@ VARIANTS = [
     case("Shape", _r(2, 3, 4, 5), id="start-end", start=1, end=-1),
     case("Shape", _r(2, 3, 4, 5), id="negative-start", start=-2),
     case("Gather", _r(3, 4, 2), np.array(-1, np.int64), id="axis1-scalar", axis=1),
+    case("Gather", np.array([5, 7, 9], np.int64), np.array(1, np.int64), id="scalar-of-a-vector"),
     case("Concat", _r(2, 3), _r(2, 1), _r(2, 2), id="negative-axis", axis=-1),
     case("Unsqueeze", _r(2, 3), opset=11, id="attr-axes", axes=[1, -1]),
     case("Squeeze", _r(2, 1, 3, 1), _i(1), id="input-axes"),

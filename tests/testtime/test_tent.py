@@ -196,11 +196,16 @@ def _softmax(z: np.ndarray) -> np.ndarray:
 def test_the_graph_tail_computes_what_onnx_runtime_computes(
     digits_export: Any, flatten_export: Any, digits: Any, model: str, layers: int
 ) -> None:
-    """Fed the tensors one ONNX Runtime pass fetched, the torch tail from the last ``layers`` BN layers
-    (0: all) computes that pass's output, under the statistics the pass normalised with (the stem layer's
-    mixed with the batch), and its gradient reaches exactly the trained layers' scale/bias."""
+    """Fed the tensors one ONNX Runtime pass fetched, the tail from the last ``layers`` BN layers (0: all)
+    computes that pass's output, under the statistics the pass normalised with (the stem layer's mixed with
+    the batch), and its gradient reaches exactly the trained layers' scale/bias. The last layer's tail runs in
+    numpy (``backprop.py``), with the logits and gradients (tent's step too) of the torch interpreter's; a
+    longer one, through a convolution, in torch."""
     from modelexport.testtime.adapt import find_bn_layers
-    from modelexport.testtime.tail import Tail, tail_outputs
+    from modelexport.testtime.backprop import torch_differentiable
+    from modelexport.testtime.interpreter import OnnxTorchModule
+    from modelexport.testtime.tail import Tail, _plan, tail_outputs
+    from modelexport.testtime.tent import entropy_gradient, tent_step
 
     export = digits_export if model == "digits" else flatten_export
     source = onnx.load(export.onnx_path)
@@ -208,26 +213,34 @@ def test_the_graph_tail_computes_what_onnx_runtime_computes(
     adapter = BNAdapter(source, outputs=tail_outputs(source, find_bn_layers(source), layers, output))
     tail = Tail.build(adapter, output, layers)
     assert len(tail.layers) == (len(adapter.layers) if layers == 0 else layers)
+    assert (tail.numpy is not None) == (layers == 1) and (tail.module is None) == (layers == 1)
     x = corrupt(digits.x_test[:32], "contrast", 3)
     state = adapter.statistics_feeds(None, None, 0.5)  # the stem mixes half the batch's own statistics
     want, _, fetched = adapter.run_with_statistics({"x": x}, state, output, tail.fetch)
     full = {**adapter.source_state, **state}
-    inputs = tail.gather({"x": x}, fetched)
-    assert all(len(a) == len(x) for a in inputs)  # batched (shape arithmetic is recomputed): buffers stack
-    got = tail.train(
-        dict(zip(tail.inputs, inputs, strict=True)),
-        tail.statistics(full, fetched),
-        tail.parameters(full),
-        lambda forward, trained: _check_gradients(forward, trained, want),
-    )
-    assert set(got) == {name for layer in tail.layers for name in (layer.scale, layer.bias)}
-
-
-def _check_gradients(forward: Any, trained: dict[str, Any], want: np.ndarray) -> None:
-    out = forward()
-    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-4, atol=1e-4)
-    out.logsumexp(-1).sum().backward()
-    assert all(p.grad is not None and bool(p.grad.abs().sum() > 0) for p in trained.values())
+    inputs = dict(zip(tail.inputs, tail.gather({"x": x}, fetched), strict=True))
+    assert all(
+        len(a) == len(x) for a in inputs.values()
+    )  # batched (shape arithmetic recomputed): buffers stack
+    values, params = tail.statistics(full, fetched), tail.parameters(full)
+    assert set(params) == {name for layer in tail.layers for name in (layer.scale, layer.bias)}
+    differentiable = tail.differentiable(inputs, values)
+    logits, vjp = differentiable(params)
+    np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)
+    grads = vjp(_softmax(logits))  # the gradient of the logits' summed log-sum-exp
+    assert set(grads) == set(params) and all(np.abs(g).sum() > 0 for g in grads.values())
+    if tail.numpy is not None:
+        module = OnnxTorchModule(_plan(source, adapter.layers, layers, output)[0], train_bn=False)
+        fed = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in {**inputs, **values}.items()}
+        reference = torch_differentiable(lambda leaves: module({**fed, **leaves})[0])
+        theirs, their_vjp = reference(params)
+        np.testing.assert_allclose(logits, theirs, rtol=1e-5, atol=1e-5)
+        for name, g in their_vjp(entropy_gradient(theirs)).items():
+            np.testing.assert_allclose(vjp(entropy_gradient(logits))[name], g, rtol=1e-4, atol=1e-7)
+        for name, p in tent_step(reference, params, 1e-3, 2).items():
+            np.testing.assert_allclose(
+                tent_step(differentiable, params, 1e-3, 2)[name], p, rtol=1e-5, atol=1e-7
+            )
 
 
 @pytest.mark.must
@@ -236,12 +249,13 @@ def test_the_written_out_adam_equals_torch_adam() -> None:
 
     torch.manual_seed(0)
     target = torch.randn(5)
-    ours, theirs = torch.randn(5, requires_grad=True), None
-    theirs = ours.detach().clone().requires_grad_(True)
-    mine, reference = Adam([ours], 0.1), torch.optim.Adam([theirs], lr=0.1)
+    theirs = torch.randn(5, requires_grad=True)
+    ours = {"p": theirs.detach().numpy().copy()}
+    mine, reference = Adam(ours, 0.1), torch.optim.Adam([theirs], lr=0.1)
     for _ in range(7):
-        mine.step(list(torch.autograd.grad(((ours - target) ** 4).sum(), [ours])))
+        grad = 4 * (torch.from_numpy(ours["p"]) - target) ** 3
+        ours = mine.step(ours, {"p": grad.numpy()})
         reference.zero_grad()
         ((theirs - target) ** 4).sum().backward()
         reference.step()
-    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(ours["p"], theirs.detach().numpy(), rtol=1e-6, atol=1e-7)

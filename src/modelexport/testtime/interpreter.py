@@ -26,7 +26,7 @@ from onnx import TensorProto, helper, numpy_helper
 from .._registry import Registry
 from ..errors import TestTimeError
 
-__all__ = ["SUPPORTED_OPS", "OnnxTorchModule", "OpNode"]
+__all__ = ["SUPPORTED_OPS", "OnnxTorchModule", "OpNode", "default_opset", "op_node"]
 
 #: Tensor in and out of handlers: a ``torch.Tensor`` (torch is imported lazily, it is heavy).
 Tensor = Any
@@ -127,7 +127,7 @@ def _gather(node: OpNode, x: Tensor, indices: Tensor) -> Tensor:
     idx = indices.long()
     idx = idx.where(idx >= 0, idx + x.shape[axis])
     out = x.index_select(axis, idx.reshape(-1))
-    return out.reshape(*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :])
+    return out.reshape((*x.shape[:axis], *idx.shape, *x.shape[axis + 1 :]))  # a scalar index: ()
 
 
 @SUPPORTED_OPS.register("Concat")
@@ -574,7 +574,8 @@ def _plain(value: object) -> object:
     return value
 
 
-def _default_opset(model: onnx.ModelProto) -> int:
+def default_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain opset (the version every schema is looked up at)."""
     for entry in model.opset_import:
         if entry.domain in ("", "ai.onnx"):
             return entry.version
@@ -590,7 +591,8 @@ def _schema(node: onnx.NodeProto, opset: int) -> onnx.defs.OpSchema | None:
         return None
 
 
-def _op_node(node: onnx.NodeProto, schema: onnx.defs.OpSchema, train_bn: bool) -> OpNode:
+def op_node(node: onnx.NodeProto, schema: onnx.defs.OpSchema, train_bn: bool = False) -> OpNode:
+    """What a handler reads of ``node``: its attributes over the schema's defaults, the schema's version."""
     attrs = {
         name: _plain(helper.get_attribute_value(a.default_value))
         for name, a in schema.attributes.items()
@@ -619,7 +621,7 @@ class OnnxTorchModule:
     ):
         import torch
 
-        opset = _default_opset(model)
+        opset = default_opset(model)
         schemas = [_schema(n, opset) for n in model.graph.node]
         unsupported = sorted(
             {
@@ -637,7 +639,7 @@ class OnnxTorchModule:
         self.model = model
         self.train_bn = train_bn
         steps = [
-            _Step(SUPPORTED_OPS.get(n.op_type), _op_node(n, s, train_bn), tuple(n.input))
+            _Step(SUPPORTED_OPS.get(n.op_type), op_node(n, s, train_bn), tuple(n.input))
             for n, s in zip(model.graph.node, schemas, strict=True)
             if s is not None
         ]

@@ -154,12 +154,7 @@ def _tent_step(
     stream: Stream,
 ) -> BNState:
     steps = policy.ttt_iterations or 1
-    return tail.train(
-        inputs,
-        values,
-        params,
-        lambda forward, trained: tent_step(forward, trained, policy.learning_rate, steps),
-    )
+    return tent_step(tail.differentiable(inputs, values), params, policy.learning_rate, steps)
 
 
 def _sar_step(
@@ -170,22 +165,15 @@ def _sar_step(
     params: BNState,
     stream: Stream,
 ) -> BNState:
-    import torch
-
-    source = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in tail.source.items()}
-
-    def update(forward: Callable[[], torch.Tensor], trained: dict[str, torch.Tensor]) -> None:
-        sar_step(
-            forward,
-            trained,
-            source,
-            policy.reliable_entropy,
-            policy.learning_rate,
-            policy.ttt_iterations or 1,
-            stream.memory,
-        )
-
-    return tail.train(inputs, values, params, update)
+    return sar_step(
+        tail.differentiable(inputs, values),
+        params,
+        tail.source,
+        policy.reliable_entropy,
+        policy.learning_rate,
+        policy.ttt_iterations or 1,
+        stream.memory,
+    )
 
 
 ADAPTATION_METHODS.add(

@@ -2,7 +2,8 @@
 
 Tent updates the BN affine parameters on every test example with batch statistics; on a class-sorted stream or
 at batch size 1 those statistics and that gradient describe one class, and the model collapses. This method
-keeps Tent's torch path (:class:`~.interpreter.OnnxTorchModule`) but:
+steps as Tent does (a :data:`~.backprop.Differentiable`: the graph in torch, or the memory statistics' tail in
+numpy where it can, ``tail.py``) but:
 
 - normalises with the robust BN statistics of the policy (source prior ``bn_prior`` and/or the stream's
   running statistics), never with one batch's alone, so it works at batch size 1;
@@ -18,17 +19,15 @@ keeps Tent's torch path (:class:`~.interpreter.OnnxTorchModule`) but:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import math
 
 import numpy as np
 
+from .._numeric import log_softmax
 from .adapt import BNAdapter, BNState
+from .backprop import Differentiable, torch_differentiable
 from .interpreter import OnnxTorchModule
 from .tent import Adam
-
-if TYPE_CHECKING:
-    import torch
 
 __all__ = ["ANCHOR", "REDUNDANT_COSINE", "SAM_RHO", "sar_adapt", "sar_step"]
 
@@ -42,34 +41,33 @@ ANCHOR = 1.0
 EMA = 0.1
 
 
-def _reliable(logits: torch.Tensor, margin: float, memory: dict[str, np.ndarray]) -> torch.Tensor:
-    """Mask of the reliable, non-redundant rows; the moving average learns from them."""
-    import torch
-
-    probs = logits.detach().softmax(dim=-1)
-    ent = -(probs * probs.clamp_min(1e-12).log()).sum(dim=-1)
-    keep = ent < margin
+def _reliable(log_p: np.ndarray, margin: float, memory: dict[str, np.ndarray]) -> np.ndarray:
+    """Mask of the reliable, non-redundant rows (``log_p``: their log-probabilities); the moving average
+    learns from them."""
+    probs = np.exp(log_p)
+    keep = _entropy(probs, log_p) < margin
     average = memory.get("probs")
-    if average is not None:
-        ref = torch.from_numpy(average).to(probs.dtype)
-        keep &= torch.nn.functional.cosine_similarity(probs, ref[None], dim=-1) < REDUNDANT_COSINE
-    if bool(keep.any()):
-        mean = probs[keep].mean(dim=0).numpy()
+    if average is not None:  # cosine similarity (torch's: each norm at least 1e-8)
+        norms = np.maximum(np.linalg.norm(probs, axis=-1), 1e-8) * max(float(np.linalg.norm(average)), 1e-8)
+        keep &= (probs @ average) / norms < REDUNDANT_COSINE
+    if keep.any():
+        mean = probs[keep].mean(axis=0)
         memory["probs"] = mean if average is None else (1.0 - EMA) * average + EMA * mean
     return keep
 
 
-def _weighted_entropy(logits: torch.Tensor, keep: torch.Tensor, margin: float) -> torch.Tensor:
-    """EATA's loss: entropy of the kept rows weighted by exp(margin - entropy), averaged over the batch."""
-    import torch
-
-    log_p = logits.log_softmax(dim=-1)
-    ent = -(log_p.exp() * log_p).sum(dim=-1)[keep]
-    return (torch.exp(margin - ent.detach()) * ent).sum() / len(keep)
+def _entropy(probs: np.ndarray, log_p: np.ndarray) -> np.ndarray:
+    return -(probs * log_p).sum(axis=-1)
 
 
-def _anchor(params: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> torch.Tensor:
-    return ANCHOR * sum(((p - source[n]) ** 2).sum() for n, p in params.items())
+def _weighted_entropy_gradient(logits: np.ndarray, keep: np.ndarray, margin: float) -> np.ndarray:
+    """The gradient of EATA's loss with respect to ``logits``: the entropy of the kept rows weighted by
+    exp(margin - entropy) (the weight held constant), averaged over the batch."""
+    log_p = log_softmax(logits)
+    probs = np.exp(log_p)
+    entropy = _entropy(probs, log_p)[:, None]
+    weight = np.where(keep, np.exp(margin - entropy[:, 0]), 0.0)[:, None]
+    return weight * -probs * (log_p + entropy) / len(keep)
 
 
 def sar_adapt(
@@ -87,51 +85,38 @@ def sar_adapt(
     import torch
 
     module = OnnxTorchModule(adapter.source, stats, train_bn=False)
-    params = module.parameters
-    source = {n: torch.from_numpy(np.array(adapter.source_state[n])).float() for n in params}
     tfeeds = {k: torch.from_numpy(np.asarray(v)) for k, v in feeds.items()}
-    sar_step(lambda: module(tfeeds)[0], params, source, reliable_entropy, learning_rate, steps, memory)
-    out = dict(stats)
-    for name, p in params.items():
-        out[name] = p.detach().numpy().astype(stats[name].dtype)
-    return out
+    differentiable = torch_differentiable(lambda leaves: module({**tfeeds, **leaves})[0])
+    params = {name: stats[name] for name in module.parameters}
+    source = {name: adapter.source_state[name] for name in params}
+    tuned = sar_step(differentiable, params, source, reliable_entropy, learning_rate, steps, memory)
+    return {**stats, **{name: v.astype(stats[name].dtype) for name, v in tuned.items()}}
 
 
 def sar_step(
-    forward: Callable[[], torch.Tensor],
-    params: dict[str, torch.Tensor],
-    source: dict[str, torch.Tensor],
+    differentiable: Differentiable,
+    params: dict[str, np.ndarray],
+    source: dict[str, np.ndarray],
     reliable_entropy: float,
     learning_rate: float,
     steps: int,
     memory: dict[str, np.ndarray],
-) -> None:
-    """``steps`` reliable, sharpness-aware, anchored steps of ``params`` (torch parameters, updated in place)
-    on the logits ``forward()`` computes from them; ``source``: the values the anchor pulls towards."""
-    import torch
-
-    names = list(params)
-    tensors = [params[n] for n in names]
-    opt = Adam(tensors, learning_rate)
-    with torch.enable_grad():
-        for _ in range(steps):
-            logits = forward()
-            margin = reliable_entropy * float(np.log(logits.shape[-1]))
-            keep = _reliable(logits, margin, memory)
-            if not bool(keep.any()):
-                break
-            grads = torch.autograd.grad(_weighted_entropy(logits, keep, margin), tensors, allow_unused=True)
-            grads = tuple(
-                torch.zeros_like(p) if g is None else g for p, g in zip(tensors, grads, strict=True)
-            )
-            norm = torch.sqrt(sum((g**2).sum() for g in grads)) + 1e-12
-            eps = [SAM_RHO * g / norm for g in grads]
-            with torch.no_grad():  # climb to the sharpest neighbour, take its gradient there, come back
-                for p, e in zip(tensors, eps, strict=True):
-                    p.add_(e)
-            loss = _weighted_entropy(forward(), keep, margin) + _anchor(params, source)
-            sharp = torch.autograd.grad(loss, tensors, allow_unused=True)
-            with torch.no_grad():
-                for p, e in zip(tensors, eps, strict=True):
-                    p.sub_(e)
-            opt.step(list(sharp))
+) -> dict[str, np.ndarray]:
+    """``params`` after ``steps`` reliable, sharpness-aware, anchored steps on the logits ``differentiable``
+    computes from them; ``source``: the values the anchor pulls towards."""
+    opt = Adam(params, learning_rate)
+    for _ in range(steps):
+        logits, vjp = differentiable(params)
+        margin = reliable_entropy * float(np.log(logits.shape[-1]))
+        keep = _reliable(log_softmax(logits), margin, memory)
+        if not keep.any():
+            break
+        grads = vjp(_weighted_entropy_gradient(logits, keep, margin))
+        norm = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values())) + 1e-12
+        # climb to the sharpest neighbour, take the gradient there, step from where it started
+        climbed = {k: p + (SAM_RHO / norm) * grads[k] for k, p in params.items()}
+        logits, vjp = differentiable(climbed)
+        sharp = vjp(_weighted_entropy_gradient(logits, keep, margin))
+        sharp = {k: g + 2.0 * ANCHOR * (climbed[k] - source[k]) for k, g in sharp.items()}
+        params = opt.step(params, sharp)
+    return params

@@ -1,37 +1,42 @@
-"""The gradient methods' torch path, kept to the end of the graph and taken once per ``STEP_EXAMPLES``.
+"""The gradient methods' step, kept to the end of the graph and taken once per ``STEP_EXAMPLES``.
 
-Tent and sar update BN scale/bias by a gradient step; ONNX Runtime has no gradients, so the step runs in torch
-(:class:`~.interpreter.OnnxTorchModule`). Through the whole graph that costs a torch forward and backward per
-batch, 5-25x a plain ONNX Runtime pass at batch 32 (``benchmarks/test_time.py``). Here:
+Tent and sar update BN scale/bias by a gradient step; ONNX Runtime has no gradients. Through the whole graph in
+torch (:class:`~.interpreter.OnnxTorchModule`) a step costs a torch forward and backward per batch, 5-25x a
+plain ONNX Runtime pass at batch 32 (``benchmarks/test_time.py``). Here:
 
 - **the tail only**: the step trains the last ``step_layers`` BN layers' scale/bias (default
-  ``TAIL_LAYERS``), and torch runs only the graph from the first of them to the output
-  (:func:`~.graph.tail_model`), fed with the tensors the ONNX Runtime pass that predicted the batch already
-  computed -- that pass fetches them as extra outputs;
-- **built once**: the tail module is built with the engine and shared (read-only) by every caller; the
-  parameters, statistics and inputs of a step are passed in, never stored in it;
+  ``TAIL_LAYERS``), and only the graph from the first of them to the output runs (:func:`~.graph.tail_model`),
+  fed with the tensors the ONNX Runtime pass that predicted the batch already computed -- that pass fetches
+  them as extra outputs;
+- **in numpy where it can**: a tail of operators with numpy rules (``backprop.py``: BN, activations, pooling,
+  reshapes, Gemm -- the default one-layer tail of the test and pipeline CNNs) runs forward and back in numpy,
+  any other in torch. In a stream, where ONNX Runtime's passes leave torch's dispatch cold, a tail step through
+  torch cost 1.1-1.9 ms on the tests' digits CNN (tent, sar), in numpy about 0.45 ms: at batch 32 tent went
+  from 2.3-2.4x plain to 2.1x, sar from 2.5-2.6x to 2.1-2.2x, predictions the same (384 accuracy cells of
+  four networks, tent and sar, batch 40 and 1);
+- **built once**: the tail is built with the engine and shared (read-only) by every caller; the parameters,
+  statistics and inputs of a step are passed in, never stored in it;
 - **predict, then update**: the batch is served by that one ONNX Runtime pass and the step applies from the
   next batch on, as Tent's and SAR's reference implementations return the outputs of the forward pass they
   step from; no second pass;
 - **one step per ``STEP_EXAMPLES``**: a stream keeps every ``STEP_STRIDE``-th example of its batches (of
   ``MIN_BATCH`` or more: one example's entropy is minimised by any confident class) and steps on those 32
   once ``STEP_EXAMPLES`` have passed -- spread over time, so a class-sorted stream's step sees several
-  classes. A step in torch costs 1-2 ms on these small networks, several plain batches: at batch 32 one
-  step per 16 batches keeps tent and sar near bn's cost (``benchmarks/test_time.py``). The price: streams
-  shorter than 512 examples take no step (tent and sar are bn there), and the step is a small part of the
-  adaptation (measured: within 0.1 point of bn over four passes of the test sets).
+  classes; a step costs several plain batches of these small networks. The price: streams shorter than 512
+  examples take no step (tent and sar are bn there), and the step is a small part of the adaptation
+  (measured: within 0.1 point of bn over four passes of the test sets).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from ..errors import TestTimeError
+from .backprop import Differentiable, NumpyTail, torch_differentiable
 from .graph import mixed_statistics, node_label, tail_model
 from .interpreter import OnnxTorchModule
 
@@ -68,7 +73,10 @@ def tail_outputs(model: onnx.ModelProto, layers: list[BNLayer], count: int, outp
 class Tail:
     """The graph from the trained BN layers to the output, as a torch module, and what it is fed."""
 
-    module: OnnxTorchModule
+    #: The tail in torch, where an operator has no numpy rule (None: it runs in ``numpy``).
+    module: OnnxTorchModule | None
+    #: The tail in numpy (``backprop.py``; None: an operator has no rule there).
+    numpy: NumpyTail | None
     #: Tensors of the full graph the tail reads: graph inputs (from the feeds) and tensors the predicting
     #: pass reports (``reported``).
     inputs: tuple[str, ...]
@@ -94,7 +102,10 @@ class Tail:
         names = [name for layer in trained for name in (layer.scale, layer.bias)]
         source = {name: adapter.source_state[name] for name in names}
         reported = tuple(name for name in fed if name not in graph_inputs)
-        return cls(OnnxTorchModule(model, train_bn=False), tuple(fed), reported, trained, mixed, source)
+        statistics = [name for layer in trained for name in (layer.mean, layer.var)]
+        numpy = NumpyTail.build(model, names, statistics)
+        module = OnnxTorchModule(model, train_bn=False) if numpy is None else None
+        return cls(module, numpy, tuple(fed), reported, trained, mixed, source)
 
     @property
     def fetch(self) -> list[str]:
@@ -119,23 +130,17 @@ class Tail:
             out[layer.mean], out[layer.var] = mixed[2 * j], mixed[2 * j + 1]
         return out
 
-    def train(
-        self,
-        inputs: dict[str, np.ndarray],
-        values: dict[str, np.ndarray],
-        params: dict[str, np.ndarray],
-        update: Callable[[Callable[[], Any], dict[str, Any]], None],
-    ) -> dict[str, np.ndarray]:
-        """``params`` after ``update(forward, trained)``, which steps the torch parameters ``trained`` on the
-        logits ``forward()`` computes from the fed ``inputs`` under the statistics ``values``."""
+    def differentiable(self, inputs: dict[str, np.ndarray], values: dict[str, np.ndarray]) -> Differentiable:
+        """The logits the tail computes from the fed ``inputs`` under the statistics ``values``, as a function
+        of the trained scale/bias (in numpy where every operator has a rule, else in torch)."""
+        if self.numpy is not None:
+            fed = {**inputs, **values}
+            return lambda params: self.numpy({**fed, **params})  # type: ignore[misc]
         import torch
 
-        fed = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in {**inputs, **values}.items()}
-        trained = {
-            k: torch.nn.Parameter(torch.tensor(np.asarray(v), dtype=torch.float32)) for k, v in params.items()
-        }
-        update(lambda: self.module({**fed, **trained})[0], trained)
-        return {k: p.detach().numpy().astype(np.asarray(params[k]).dtype) for k, p in trained.items()}
+        module = self.module
+        fed_torch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in {**inputs, **values}.items()}
+        return torch_differentiable(lambda leaves: module({**fed_torch, **leaves})[0])
 
 
 @dataclass
