@@ -490,8 +490,11 @@ GRADIENT_RULES.add(
 def _gemm(node: OpNode, a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
     a = a.T if node["transA"] else a
     b = b.T if node["transB"] else b
-    y = node["alpha"] * (a @ b)
-    return (y if c is None else y + node["beta"] * c).astype(a.dtype, copy=False)
+    alpha, beta = node["alpha"], node["beta"]
+    y = a @ b if alpha == 1.0 else alpha * (a @ b)
+    if c is not None:
+        y = y + (c if beta == 1.0 else beta * c)
+    return y.astype(a.dtype, copy=False)
 
 
 def _gemm_back(
@@ -502,7 +505,7 @@ def _gemm_back(
     b2 = b.T if node["transB"] else b
     out: list[np.ndarray | None] = [None] * len(xs)
     if wanted[0]:
-        ga = node["alpha"] * (g @ b2.T)
+        ga = g @ b2.T if node["alpha"] == 1.0 else node["alpha"] * (g @ b2.T)
         out[0] = ga.T if node["transA"] else ga
     if wanted[1]:
         gb = node["alpha"] * (a2.T @ g)

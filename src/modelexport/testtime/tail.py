@@ -158,9 +158,9 @@ class TailBuffer:
     def add(self, fetched: list[np.ndarray], n: int) -> None:
         """One batch's tail inputs (``n`` examples)."""
         if self.stackable and all(np.ndim(a) >= 1 and len(a) == n for a in fetched):
-            picked = np.arange((-self.examples) % STEP_STRIDE, n, STEP_STRIDE)
-            if len(picked):
-                self.rows.append([a[picked] for a in fetched])
+            first = (-self.examples) % STEP_STRIDE
+            if first < n:  # a copy of the picked rows: a view would hold the whole batch's tensors
+                self.rows.append([a[first::STEP_STRIDE].copy() for a in fetched])
         else:
             self.stackable, self.rows = False, [fetched]
         self.examples += n
