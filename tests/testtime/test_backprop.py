@@ -231,3 +231,25 @@ def test_a_graph_the_rules_cannot_differentiate_is_left_to_torch() -> None:
     training = _node("BatchNormalization", ["h", "s", "b", "m", "v"], training_mode=1)
     stats = {k: np.ones(C, np.float32) for k in "sbmv"}
     assert NumpyTail.build(_graph(x4, (1, C, 1, 1), [training], stats, 15), ["w"]) is None
+
+
+@pytest.mark.must
+def test_the_methods_logit_gradients_are_their_losses_gradients() -> None:
+    """Tent's mean entropy and EATA's weighted entropy of the reliable rows (the weight held constant): the
+    gradients the methods step on equal autograd's of the losses written in torch."""
+    from modelexport.testtime.sar import _weighted_entropy_gradient
+    from modelexport.testtime.tent import entropy_gradient
+
+    logits = rng.normal(scale=3.0, size=(16, 10))
+    z = torch.tensor(logits, requires_grad=True)
+    log_p = z.log_softmax(-1)
+    entropy = -(log_p.exp() * log_p).sum(-1)
+    (tent,) = torch.autograd.grad(entropy.mean(), z, retain_graph=True)
+    np.testing.assert_allclose(entropy_gradient(logits), tent.numpy(), rtol=1e-9, atol=1e-12)
+    keep, margin = rng.random(16) < 0.5, 0.4 * np.log(10)
+    kept = torch.from_numpy(keep)
+    loss = (torch.exp(margin - entropy[kept].detach()) * entropy[kept]).sum() / len(keep)
+    (eata,) = torch.autograd.grad(loss, z)
+    np.testing.assert_allclose(
+        _weighted_entropy_gradient(logits, keep, margin), eata.numpy(), rtol=1e-9, atol=1e-12
+    )

@@ -71,7 +71,7 @@ def tail_outputs(model: onnx.ModelProto, layers: list[BNLayer], count: int, outp
 
 @dataclass(frozen=True)
 class Tail:
-    """The graph from the trained BN layers to the output, as a torch module, and what it is fed."""
+    """The graph from the trained BN layers to the output (in numpy, or as a torch module), and what it is fed."""
 
     #: The tail in torch, where an operator has no numpy rule (None: it runs in ``numpy``).
     module: OnnxTorchModule | None
@@ -133,12 +133,13 @@ class Tail:
     def differentiable(self, inputs: dict[str, np.ndarray], values: dict[str, np.ndarray]) -> Differentiable:
         """The logits the tail computes from the fed ``inputs`` under the statistics ``values``, as a function
         of the trained scale/bias (in numpy where every operator has a rule, else in torch)."""
-        if self.numpy is not None:
+        tail, module = self.numpy, self.module
+        if tail is not None:
             fed = {**inputs, **values}
-            return lambda params: self.numpy({**fed, **params})  # type: ignore[misc]
+            return lambda params: tail({**fed, **params})
         import torch
 
-        module = self.module
+        assert module is not None  # built where the numpy tail is not
         fed_torch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in {**inputs, **values}.items()}
         return torch_differentiable(lambda leaves: module({**fed_torch, **leaves})[0])
 
