@@ -148,19 +148,18 @@ class NumpyTail:
         used = {name for node in model.graph.node for name in node.input}
         used |= {o.name for o in model.graph.output}
         wrt = tuple(wrt)
-        fed = {i.name for i in model.graph.input} | set(wrt) | set(fed)
+        given = {i.name for i in model.graph.input} | set(wrt) | set(fed)
         kept = []
         for step in steps:  # constants and what they alone compute (an axes reshape): values, computed once
-            if all(name in values and name not in fed for name in step.inputs if name):
+            if all(name in values and name not in given for name in step.inputs if name):
                 out = step.rule.forward(step.node, *_inputs(values, step.inputs))
                 outs = out if isinstance(out, tuple) else (out,)
                 values.update((o, np.asarray(v)) for o, v in zip(step.node.outputs, outs, strict=False) if o)
             else:
                 kept.append(step)
         tail = cls(kept, values, model.graph.output[0].name, wrt)
-        for (
-            step
-        ) in tail._path:  # a trained parameter reaches it: its gradient must flow from its first output
+        # a node a trained parameter reaches: its gradient must flow back, from its first output
+        for step in tail._path:
             if step.rule.backward is None or any(o in used for o in step.node.outputs[1:]):
                 return None
         return tail
@@ -307,19 +306,21 @@ GRADIENT_RULES.add("Unsqueeze", GradientRule(_unsqueeze, _reshaped))
 # --- element-wise ---------------------------------------------------------------------------------------------------
 
 
+#: Element-wise op -> (a, b, the output's cotangent) -> the cotangents of a and b before broadcasting.
+_BINARY_BACK: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]] = {
+    "Add": lambda a, b, g: (g, g),
+    "Sub": lambda a, b, g: (g, -g),
+    "Mul": lambda a, b, g: (g * b, g * a),
+    "Div": lambda a, b, g: (g / b, -g * a / (b * b)),
+}
+
+
 def _binary_back(op: str) -> Backward:
     def backward(
         node: OpNode, xs: Arrays, ys: Arrays, g: np.ndarray, wanted: Wanted
     ) -> list[np.ndarray | None]:
         a, b = xs
-        if op == "Add":
-            ga, gb = g, g
-        elif op == "Sub":
-            ga, gb = g, -g
-        elif op == "Mul":
-            ga, gb = g * b, g * a
-        else:  # Div
-            ga, gb = g / b, -g * a / (b * b)
+        ga, gb = _BINARY_BACK[op](a, b, g)
         return [_unbroadcast(ga, a.shape), _unbroadcast(gb, b.shape)]
 
     return backward

@@ -58,10 +58,15 @@ def _tent_torch_model(
         m.track_running_stats, m.running_mean, m.running_var = False, None, None
     for p in model.parameters():
         p.requires_grad_(False)
-    params = {name: state[name] for n in bns for name in (f"{n}.weight", f"{n}.bias")}
+    # the torch parameter each ONNX scale/bias stands for
+    torch_names = {}
+    for n in bns:
+        layer = by_scale[f"{n}.weight"]
+        torch_names[layer.scale], torch_names[layer.bias] = f"{n}.weight", f"{n}.bias"
+    params = {name: state[name] for name in torch_names}
 
     def forward(leaves: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.func.functional_call(model, leaves, (x,))
+        return torch.func.functional_call(model, {torch_names[k]: v for k, v in leaves.items()}, (x,))
 
     return {**state, **tent_step(torch_differentiable(forward), params, lr, steps)}
 
