@@ -140,7 +140,7 @@ class BNAdapter:
         """``outputs``: more tensors the session reports on request (a gradient method's tail inputs);
         ``report_inputs``: the BN inputs too, which :meth:`batch_statistics` reads. The memory statistics read
         every example's statistics instead and leave them out: a graph output stays in ONNX Runtime's plain
-        layout, and the reorders each one kept cost 3% of the tests' digits CNN's pass at batch 32 and 7% of
+        layout, and the reorders they kept cost 2-3% of the tests' digits CNN's pass at batch 32 and 3-7% of
         the medium CNN's (``benchmarks/test_time.py``)."""
         self.source = load_model(model)
         self.layers = find_bn_layers(self.source)
