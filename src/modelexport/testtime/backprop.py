@@ -25,9 +25,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .._numeric import log_softmax
 from .._registry import Registry
 from ..errors import TestTimeError
-from .interpreter import OpNode, default_opset, op_node
+from .interpreter import OpNode, axis_index, default_opset, node_axes, op_node
 
 if TYPE_CHECKING:
     import torch
@@ -201,17 +202,6 @@ def _inputs(env: dict[str, np.ndarray], names: tuple[str, ...]) -> Arrays:
     return tuple(values)  # type: ignore[arg-type]
 
 
-def _axis(axis: int, rank: int) -> int:
-    return axis + rank if axis < 0 else axis
-
-
-def _axes(node: OpNode, axes: np.ndarray | None, input_since: int) -> list[int] | None:
-    """Axes from the input (opset >= ``input_since``) or the attribute (before); None when absent."""
-    if node.since >= input_since:
-        return None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
-    return node.get("axes")
-
-
 def _unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """``g`` summed over the axes numpy broadcast an operand of ``shape`` along."""
     while g.ndim > len(shape):
@@ -244,22 +234,22 @@ def _reshape(node: OpNode, x: np.ndarray, shape: np.ndarray) -> np.ndarray:
 
 
 def _flatten(node: OpNode, x: np.ndarray) -> np.ndarray:
-    axis = _axis(node["axis"], x.ndim)
+    axis = axis_index(node["axis"], x.ndim)
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
 def _squeeze(node: OpNode, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
-    dims = _axes(node, axes, 13)
+    dims = node_axes(node, axes, 13)
     if dims is None:
         return x.reshape([d for d in x.shape if d != 1])
-    drop = {_axis(d, x.ndim) for d in dims}
+    drop = {axis_index(d, x.ndim) for d in dims}
     return x.reshape([d for i, d in enumerate(x.shape) if i not in drop])
 
 
 def _unsqueeze(node: OpNode, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
-    raw = _axes(node, axes, 13) or []
+    raw = node_axes(node, axes, 13) or []
     rank = x.ndim + len(raw)
-    for d in sorted(_axis(v, rank) for v in raw):
+    for d in sorted(axis_index(v, rank) for v in raw):
         x = np.expand_dims(x, d)
     return x
 
@@ -272,7 +262,7 @@ def _shape(node: OpNode, x: np.ndarray) -> np.ndarray:
 def _concat_back(
     node: OpNode, xs: Arrays, ys: Arrays, g: np.ndarray, wanted: Wanted
 ) -> list[np.ndarray | None]:
-    axis = _axis(node["axis"], g.ndim)
+    axis = axis_index(node["axis"], g.ndim)
     bounds = np.cumsum([x.shape[axis] for x in xs])[:-1]
     return list(np.split(g, bounds, axis=axis))
 
@@ -350,14 +340,13 @@ def _softmax_axis(node: OpNode, x: np.ndarray) -> tuple[np.ndarray, int]:
     """The input as the operator normalises it: along ``axis`` since opset 13, coerced to 2-D before."""
     if node.since >= 13:
         return x, node["axis"]
-    axis = _axis(node["axis"], x.ndim)
+    axis = axis_index(node["axis"], x.ndim)
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:])), 1
 
 
 def _log_softmax(node: OpNode, x: np.ndarray) -> np.ndarray:
     flat, axis = _softmax_axis(node, x)
-    shifted = flat - flat.max(axis=axis, keepdims=True)
-    return (shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).reshape(x.shape)
+    return log_softmax(flat, axis).astype(x.dtype, copy=False).reshape(x.shape)
 
 
 def _softmax_back(log: bool) -> Backward:
@@ -386,10 +375,10 @@ GRADIENT_RULES.add(
 
 def _reduced(node: OpNode, x: np.ndarray, axes: np.ndarray | None) -> tuple[int, ...] | None:
     """ReduceMean's axes (None: none, the input as it is)."""
-    dims = _axes(node, axes, 18) or []
+    dims = node_axes(node, axes, 18) or []
     if not dims:
         return None if node.get("noop_with_empty_axes", 0) else tuple(range(x.ndim))
-    return tuple(sorted(_axis(d, x.ndim) for d in dims))
+    return tuple(sorted(axis_index(d, x.ndim) for d in dims))
 
 
 def _reduce_mean(node: OpNode, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:

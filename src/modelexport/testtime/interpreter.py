@@ -26,7 +26,15 @@ from onnx import TensorProto, helper, numpy_helper
 from .._registry import Registry
 from ..errors import TestTimeError
 
-__all__ = ["SUPPORTED_OPS", "OnnxTorchModule", "OpNode", "default_opset", "op_node"]
+__all__ = [
+    "SUPPORTED_OPS",
+    "OnnxTorchModule",
+    "OpNode",
+    "axis_index",
+    "default_opset",
+    "node_axes",
+    "op_node",
+]
 
 #: Tensor in and out of handlers: a ``torch.Tensor`` (torch is imported lazily, it is heavy).
 Tensor = Any
@@ -61,7 +69,8 @@ def _ints(t: Tensor) -> list[int]:
     return [int(v) for v in t.reshape(-1).tolist()]
 
 
-def _axis(axis: int, rank: int) -> int:
+def axis_index(axis: int, rank: int) -> int:
+    """A (possibly negative) ONNX axis as an index into ``rank`` dimensions."""
     return axis + rank if axis < 0 else axis
 
 
@@ -123,7 +132,7 @@ def _size(node: OpNode, x: Tensor) -> Tensor:
 
 @SUPPORTED_OPS.register("Gather")
 def _gather(node: OpNode, x: Tensor, indices: Tensor) -> Tensor:
-    axis = _axis(node["axis"], x.dim())
+    axis = axis_index(node["axis"], x.dim())
     idx = indices.long()
     idx = idx.where(idx >= 0, idx + x.shape[axis])
     out = x.index_select(axis, idx.reshape(-1))
@@ -137,8 +146,9 @@ def _concat(node: OpNode, *xs: Tensor) -> Tensor:
     return torch.cat(xs, dim=node["axis"])
 
 
-def _axes(node: OpNode, axes: Tensor | None, input_since: int) -> list[int] | None:
-    """Axes from the input (opset >= ``input_since``) or the attribute (before); None when absent."""
+def node_axes(node: OpNode, axes: Tensor | None, input_since: int) -> list[int] | None:
+    """Axes from the input (opset >= ``input_since``; a torch tensor or a numpy array) or the attribute
+    (before); None when absent."""
     if node.since >= input_since:
         return None if axes is None else _ints(axes)
     return node.get("axes")
@@ -146,19 +156,19 @@ def _axes(node: OpNode, axes: Tensor | None, input_since: int) -> list[int] | No
 
 @SUPPORTED_OPS.register("Unsqueeze")
 def _unsqueeze(node: OpNode, x: Tensor, axes: Tensor | None = None) -> Tensor:
-    raw = _axes(node, axes, 13) or []
+    raw = node_axes(node, axes, 13) or []
     rank = x.dim() + len(raw)  # negative axes count from the end of the output
-    for d in sorted(_axis(v, rank) for v in raw):
+    for d in sorted(axis_index(v, rank) for v in raw):
         x = x.unsqueeze(d)
     return x
 
 
 @SUPPORTED_OPS.register("Squeeze")
 def _squeeze(node: OpNode, x: Tensor, axes: Tensor | None = None) -> Tensor:
-    dims = _axes(node, axes, 13)
+    dims = node_axes(node, axes, 13)
     if dims is None:
         return x.reshape([d for d in x.shape if d != 1])
-    drop = {_axis(d, x.dim()) for d in dims}
+    drop = {axis_index(d, x.dim()) for d in dims}
     return x.reshape([d for i, d in enumerate(x.shape) if i not in drop])
 
 
@@ -172,7 +182,7 @@ def _reshape(node: OpNode, x: Tensor, shape: Tensor) -> Tensor:
 
 @SUPPORTED_OPS.register("Flatten")
 def _flatten(node: OpNode, x: Tensor) -> Tensor:
-    axis = _axis(node["axis"], x.dim())
+    axis = axis_index(node["axis"], x.dim())
     return x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
 
 
@@ -215,7 +225,7 @@ def _slice(
         s, e = node["starts"], node["ends"]
         ax, st = node.get("axes") or list(range(len(s))), [1] * len(s)
     for a, start, end, step in zip(ax, s, e, st, strict=True):
-        x = _slice_axis(x, _axis(a, x.dim()), start, end, step)
+        x = _slice_axis(x, axis_index(a, x.dim()), start, end, step)
     return x
 
 
@@ -364,7 +374,7 @@ def _softmax_like(node: OpNode, x: Tensor, log: bool) -> Tensor:
     fn = (lambda t, d: t.log_softmax(d)) if log else (lambda t, d: t.softmax(d))
     if node.since >= 13:
         return fn(x, node["axis"])
-    axis = _axis(node["axis"], x.dim())
+    axis = axis_index(node["axis"], x.dim())
     flat = x.reshape(math.prod(x.shape[:axis]), math.prod(x.shape[axis:]))
     return fn(flat, 1).reshape(x.shape)
 
@@ -384,12 +394,12 @@ _REDUCTIONS: dict[str, tuple[Callable[[Tensor, list[int], bool], Tensor], int]] 
 
 def _reduce(node: OpNode, x: Tensor, axes: Tensor | None = None) -> Tensor:
     fn, input_since = _REDUCTIONS[node.op]
-    dims = _axes(node, axes, input_since) or []
+    dims = node_axes(node, axes, input_since) or []
     if not dims:
         if node.get("noop_with_empty_axes", 0):
             return x
         dims = list(range(x.dim()))
-    return fn(x, [_axis(d, x.dim()) for d in dims], bool(node["keepdims"]))
+    return fn(x, [axis_index(d, x.dim()) for d in dims], bool(node["keepdims"]))
 
 
 for _name in _REDUCTIONS:
@@ -548,7 +558,7 @@ def _pad_op(
         flat, fill = _ints(pads), 0.0 if value is None else value.item()
     else:
         flat, fill = list(node["pads"]), node["value"]
-    ax = [_axis(a, x.dim()) for a in _ints(axes)] if axes is not None else list(range(x.dim()))
+    ax = [axis_index(a, x.dim()) for a in _ints(axes)] if axes is not None else list(range(x.dim()))
     per_dim = dict.fromkeys(range(x.dim()), (0, 0)) | {
         a: (flat[i], flat[i + len(ax)]) for i, a in enumerate(ax)
     }
