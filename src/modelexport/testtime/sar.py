@@ -27,7 +27,7 @@ from .._numeric import log_softmax
 from .adapt import BNAdapter, BNState
 from .backprop import Differentiable, torch_differentiable
 from .interpreter import OnnxTorchModule
-from .tent import Adam
+from .tent import Adam, weighted_entropy_gradient
 
 __all__ = ["ANCHOR", "REDUNDANT_COSINE", "SAM_RHO", "sar_adapt", "sar_step"]
 
@@ -41,11 +41,13 @@ ANCHOR = 1.0
 EMA = 0.1
 
 
-def _reliable(log_p: np.ndarray, margin: float, memory: dict[str, np.ndarray]) -> np.ndarray:
-    """Mask of the reliable, non-redundant rows (``log_p``: their log-probabilities); the moving average
-    learns from them."""
+def _reliable(
+    log_p: np.ndarray, entropy: np.ndarray, margin: float, memory: dict[str, np.ndarray]
+) -> np.ndarray:
+    """Mask of the reliable, non-redundant rows (``log_p``: their log-probabilities, ``entropy``: their
+    prediction entropy); the moving average learns from them."""
     probs = np.exp(log_p)
-    keep = _entropy(probs, log_p) < margin
+    keep = entropy < margin
     average = memory.get("probs")
     if average is not None:  # cosine similarity (torch's: each norm at least 1e-8)
         norms = np.maximum(np.linalg.norm(probs, axis=-1), 1e-8) * max(float(np.linalg.norm(average)), 1e-8)
@@ -56,18 +58,15 @@ def _reliable(log_p: np.ndarray, margin: float, memory: dict[str, np.ndarray]) -
     return keep
 
 
-def _entropy(probs: np.ndarray, log_p: np.ndarray) -> np.ndarray:
-    return -(probs * log_p).sum(axis=-1)
+def _entropy(log_p: np.ndarray) -> np.ndarray:
+    return -(np.exp(log_p) * log_p).sum(axis=-1)
 
 
-def _weighted_entropy_gradient(logits: np.ndarray, keep: np.ndarray, margin: float) -> np.ndarray:
-    """The gradient of EATA's loss with respect to ``logits``: the entropy of the kept rows weighted by
+def _eata_gradient(log_p: np.ndarray, entropy: np.ndarray, keep: np.ndarray, margin: float) -> np.ndarray:
+    """The gradient of EATA's loss with respect to the logits: the entropy of the kept rows weighted by
     exp(margin - entropy) (the weight held constant), averaged over the batch."""
-    log_p = log_softmax(logits)
-    probs = np.exp(log_p)
-    entropy = _entropy(probs, log_p)[:, None]
-    weight = np.where(keep, np.exp(margin - entropy[:, 0]), 0.0)[:, None]
-    return weight * -probs * (log_p + entropy) / len(keep)
+    weight = np.where(keep, np.exp(margin - entropy), 0.0)[:, None]
+    return weighted_entropy_gradient(log_p, weight)
 
 
 def sar_adapt(
@@ -108,15 +107,18 @@ def sar_step(
     for _ in range(steps):
         logits, vjp = differentiable(params)
         margin = reliable_entropy * float(np.log(logits.shape[-1]))
-        keep = _reliable(log_softmax(logits), margin, memory)
+        log_p = log_softmax(logits)
+        entropy = _entropy(log_p)
+        keep = _reliable(log_p, entropy, margin, memory)
         if not keep.any():
             break
-        grads = vjp(_weighted_entropy_gradient(logits, keep, margin))
+        grads = vjp(_eata_gradient(log_p, entropy, keep, margin))
         norm = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values())) + 1e-12
         # climb to the sharpest neighbour, take the gradient there, step from where it started
         climbed = {k: p + (SAM_RHO / norm) * grads[k] for k, p in params.items()}
         logits, vjp = differentiable(climbed)
-        sharp = vjp(_weighted_entropy_gradient(logits, keep, margin))
+        log_p = log_softmax(logits)
+        sharp = vjp(_eata_gradient(log_p, _entropy(log_p), keep, margin))
         sharp = {k: g + 2.0 * ANCHOR * (climbed[k] - source[k]) for k, g in sharp.items()}
         params = opt.step(params, sharp)
     return params

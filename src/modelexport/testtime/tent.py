@@ -27,16 +27,21 @@ from .interpreter import OnnxTorchModule
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Adam", "entropy_gradient", "tent_adapt", "tent_step"]
+__all__ = ["Adam", "entropy_gradient", "tent_adapt", "tent_step", "weighted_entropy_gradient"]
 
 
 def entropy_gradient(logits: np.ndarray) -> np.ndarray:
     """The gradient of the batch's mean prediction entropy (Tent's loss) with respect to ``logits`` (N, C):
     ``-p (log p + H) / N`` per row."""
-    log_p = log_softmax(logits)
+    return weighted_entropy_gradient(log_softmax(logits), 1.0)
+
+
+def weighted_entropy_gradient(log_p: np.ndarray, weight: np.ndarray | float) -> np.ndarray:
+    """The gradient, with respect to the logits whose log-probabilities are ``log_p`` (N, C), of the batch's
+    mean of each row's prediction entropy times its ``weight`` (held constant; (N, 1) or a scalar)."""
     p = np.exp(log_p)
     entropy = -(p * log_p).sum(axis=-1, keepdims=True)
-    return -p * (log_p + entropy) / len(logits)
+    return weight * -p * (log_p + entropy) / len(log_p)
 
 
 def _tent_torch_model(
