@@ -65,6 +65,20 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], Callable[[], Case], int
         ),
         17,
     ),
+    "BatchNormalization (2-D)": (
+        (3, C),
+        (1, C),
+        lambda: (
+            [_node("BatchNormalization", ["h", "s", "b", "m", "v"])],
+            {
+                "s": rng.normal(size=C).astype(np.float32),
+                "b": rng.normal(size=C).astype(np.float32),
+                "m": rng.normal(size=C).astype(np.float32),
+                "v": rng.uniform(0.5, 2, size=C).astype(np.float32),
+            },
+        ),
+        17,
+    ),
     "Relu": ((3, C, 5), (1, C, 1), lambda: ([_node("Relu", ["h"])], {}), 17),
     "Reshape": (
         (3, C, 2, 3),
@@ -97,6 +111,7 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], Callable[[], Case], int
         lambda: ([_node("ReduceMean", ["h", "axes"], keepdims=1)], {"axes": _ints("axes", [-1, 1])}),
         18,
     ),
+    "ReduceMean (every axis)": ((3, C, 4, 5), (1, C, 1, 1), lambda: ([_node("ReduceMean", ["h"])], {}), 17),
     "GlobalAveragePool": ((3, C, 4, 5), (1, C, 1, 1), lambda: ([_node("GlobalAveragePool", ["h"])], {}), 17),
     "MaxPool": (
         (3, C, 5, 4),

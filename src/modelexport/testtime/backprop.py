@@ -381,9 +381,28 @@ def _reduced(node: OpNode, x: np.ndarray, axes: np.ndarray | None) -> tuple[int,
     return tuple(sorted(axis_index(d, x.ndim) for d in dims))
 
 
+def _mean(x: np.ndarray, dims: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    """``x.mean(axis=dims)``; over trailing axes (a pooling's, an image's) as one ``einsum`` over them
+    flattened: numpy's reduction over several small trailing axes costs 3-4x that (24 against 6 us at
+    32 x 32 x 4 x 4)."""
+    k = x.ndim - len(dims)
+    if not dims or dims != tuple(range(k, x.ndim)):
+        return x.mean(axis=dims, keepdims=keepdims)
+    count = math.prod(x.shape[k:])
+    out = np.einsum("...s->...", x.reshape(*x.shape[:k], count)) / np.asarray(count, x.dtype)
+    return out.reshape(*x.shape[:k], *(1,) * len(dims)) if keepdims else out
+
+
+def _channel_sum(t: np.ndarray) -> np.ndarray:
+    """Per channel (axis 1) the sum of ``t`` over every other axis: over the batch first, whose rows are
+    contiguous, then over the rest (5 against 21 us at 32 x 32 x 4 x 4 for numpy's reduction over all at
+    once; both pairwise)."""
+    return t.sum(axis=0).reshape(t.shape[1], -1).sum(axis=-1)
+
+
 def _reduce_mean(node: OpNode, x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
     dims = _reduced(node, x, axes)
-    return x if dims is None else x.mean(axis=dims, keepdims=bool(node["keepdims"]))
+    return x if dims is None else _mean(x, dims, bool(node["keepdims"]))
 
 
 def _reduce_mean_back(
@@ -473,7 +492,7 @@ GRADIENT_RULES.add(
 
 GRADIENT_RULES.add(
     "GlobalAveragePool",
-    GradientRule(lambda node, x: x.mean(axis=tuple(range(2, x.ndim)), keepdims=True), _global_average_back),
+    GradientRule(lambda node, x: _mean(x, tuple(range(2, x.ndim)), keepdims=True), _global_average_back),
 )
 
 
@@ -538,10 +557,9 @@ def _batch_norm_back(
 ) -> list[np.ndarray | None]:
     x, scale, _, mean, var = xs
     inv = 1.0 / np.sqrt(var + np.asarray(node["epsilon"], var.dtype))
-    axes = (0, *range(2, x.ndim))
     xhat = (x - _channels(x, mean)) * _channels(x, inv)
     gx = g * _channels(x, inv * scale) if wanted[0] else None
-    return [gx, (g * xhat).sum(axis=axes), g.sum(axis=axes), None, None]
+    return [gx, _channel_sum(g * xhat), _channel_sum(g), None, None]
 
 
 GRADIENT_RULES.add(
