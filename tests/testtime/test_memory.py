@@ -15,8 +15,22 @@ from modelexport.testtime import POLICY_PRESETS, STATISTICS, BNAdapter, TestTime
 from modelexport.testtime.adapt import channel_stats
 from modelexport.testtime.corruptions import corrupt
 from modelexport.testtime.engine import MIN_STEM_WEIGHT
-from modelexport.testtime.graph import SAMPLE_STATS, mix_variance_gate, mix_weight, mixed_statistics
-from modelexport.testtime.memory import BLUR_GATE, NOISE_GATE, SHUT_PRIOR, StatisticsMemory, balanced_keep
+from modelexport.testtime.graph import (
+    MIX_PREFIX,
+    NCHWC_BLOCK,
+    SAMPLE_STATS,
+    mix_variance_gate,
+    mix_weight,
+    mixed_statistics,
+)
+from modelexport.testtime.memory import (
+    BLUR_GATE,
+    NOISE_GATE,
+    SHUT_PRIOR,
+    SUPPORT,
+    StatisticsMemory,
+    balanced_keep,
+)
 from modelexport.testtime.streams import CollapseGuard
 from modelexport.testtime.tail import STEP_EXAMPLES
 from tests.testtime.robustness import run_stream
@@ -60,6 +74,54 @@ def test_one_pass_reports_each_example_and_mixes_the_stem_exactly(digits_export:
     np.testing.assert_array_equal(rows, mixing[1].reshape(40, -1))
     np.testing.assert_allclose(logits, mixing[0], rtol=1e-6, atol=1e-6)
     assert adapter.mixes(adapter.statistics_feeds(None, None, 0.1))
+
+
+def _odd_stem_cnn() -> Any:
+    """A stem of 8 channels (less than ONNX Runtime's NCHWc block), then 16."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(16, 4),
+    ).eval()
+
+
+@pytest.mark.must
+def test_channels_outside_the_blocked_layout_report_the_same_statistics(export_cache: Any) -> None:
+    """A BN input whose channels do not fill ONNX Runtime's blocked layout squares with Pow and averages with
+    ReduceMean (a Mul of two blocked tensors is computed blocked on padded channels and reordered back), a
+    full block's with Mul and GlobalAveragePool: both report every example's statistics of the BN input, and
+    the stem mixes the batch's own exactly."""
+    export = export_cache.get("tt_odd_stem", _odd_stem_cnn, keep_batchnorm=True, input_shape=(1, 1, 12, 12))
+    adapter = BNAdapter(export.onnx_path)
+    ops = {n.output[0]: n.op_type for n in adapter.working_model.graph.node}
+    assert 8 % NCHWC_BLOCK and not 16 % NCHWC_BLOCK
+    assert ops[f"{MIX_PREFIX}0.square"] == "Pow" and ops[f"{MIX_PREFIX}1.square"] == "Mul"
+    x = np.random.default_rng(0).standard_normal((40, 1, 12, 12)).astype(np.float32)
+    layers = adapter.layers
+    weight = {mix_weight(0): np.asarray(1.0, np.float32)}
+    feeds = {adapter.source.graph.input[0].name: x}
+    out = adapter.run(feeds, weight, [SAMPLE_STATS, *mixed_statistics(0), layers[0].x, layers[1].x])
+    stats, mean, var, inputs = out[0].reshape(40, -1), out[1], out[2], out[3:]
+    s, start = stats.shape[1] // 2, 0
+    for t in inputs:
+        c = t.shape[1]
+        np.testing.assert_allclose(stats[:, start : start + c], t.mean(axis=(2, 3)), rtol=1e-5, atol=1e-6)
+        squares = (t.astype(np.float64) ** 2).mean(axis=(2, 3))
+        np.testing.assert_allclose(stats[:, s + start : s + start + c], squares, rtol=1e-4, atol=1e-6)
+        start += c
+    want_mean, want_var = channel_stats(inputs[0])
+    np.testing.assert_allclose(mean, want_mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(var, want_var, rtol=1e-3, atol=1e-5)
 
 
 @pytest.mark.must
@@ -171,6 +233,9 @@ def test_the_memory_keeps_what_its_rules_keep(sizes: tuple[int, ...], runs: int,
             np.testing.assert_allclose(memory.noise_level, (rows[:, 1] ** 2).mean(), rtol=1e-12)
             np.testing.assert_allclose(memory.deficit_level, np.abs(rows[:, 0]).mean(), rtol=1e-12)
             assert memory.size == len(labels) and memory.distinct == len(np.unique(labels))
+            fair = SUPPORT * capacity / classes
+            held = np.minimum(1.0, np.unique(labels, return_counts=True)[1] / fair).sum()
+            assert memory.support == pytest.approx(min(1.0, held / min(classes, capacity)), abs=1e-12)
 
 
 @pytest.mark.must
