@@ -545,21 +545,32 @@ def _channels(x: np.ndarray, v: np.ndarray) -> np.ndarray:
     return v.reshape((1, -1) + (1,) * (x.ndim - 2))
 
 
+def _inverse_std(node: OpNode, var: np.ndarray) -> np.ndarray:
+    return 1.0 / np.sqrt(var + np.asarray(node["epsilon"], var.dtype))
+
+
 def _batch_norm(
     node: OpNode, x: np.ndarray, scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray
 ) -> np.ndarray:
-    inv = 1.0 / np.sqrt(var + np.asarray(node["epsilon"], var.dtype))
-    return (x - _channels(x, mean)) * _channels(x, inv * scale) + _channels(x, bias)
+    """``x * a + b`` per channel, ``a = scale / std`` and ``b = bias - mean * a`` (as ONNX Runtime computes it):
+    two passes over ``x`` where ``(x - mean) * a + bias`` takes three."""
+    a = _inverse_std(node, var) * scale
+    y = x * _channels(x, a)
+    y += _channels(x, bias - mean * a)
+    return y
 
 
 def _batch_norm_back(
     node: OpNode, xs: Arrays, ys: Arrays, g: np.ndarray, wanted: Wanted
 ) -> list[np.ndarray | None]:
+    """The scale's cotangent ``sum(g * (x - mean)) / std`` as ``(sum(g * x) - mean * sum(g)) / std``: one pass
+    over ``x`` where the normalised input takes three."""
     x, scale, _, mean, var = xs
-    inv = 1.0 / np.sqrt(var + np.asarray(node["epsilon"], var.dtype))
-    xhat = (x - _channels(x, mean)) * _channels(x, inv)
+    inv = _inverse_std(node, var)
+    g_sum = _channel_sum(g)
+    g_scale = inv * (_channel_sum(g * x) - mean * g_sum)
     gx = g * _channels(x, inv * scale) if wanted[0] else None
-    return [gx, _channel_sum(g * xhat), _channel_sum(g), None, None]
+    return [gx, g_scale, g_sum, None, None]
 
 
 GRADIENT_RULES.add(
