@@ -169,16 +169,17 @@ def _cost_cases(tmp: Path, models: list[str]) -> dict[str, tuple[Path, np.ndarra
     images, whose predictions collapse, so the lazy guard runs the source model now and then."""
     import modelexport
 
-    unknown = sorted(set(models) - {*TRAINED, "small", "medium"})
+    untrained = _untrained()
+    unknown = sorted(set(models) - {*TRAINED, *untrained})
     if unknown:
-        raise SystemExit(f"unknown --models {unknown}; choose from {[*TRAINED, 'small', 'medium']}")
+        raise SystemExit(f"unknown --models {unknown}; choose from {[*TRAINED, *untrained]}")
     cases: dict[str, tuple[Path, np.ndarray]] = {}
     for name in (m for m in TRAINED if m in models):
         dataset, key = TRAINED[name]
         path, sets, _ = _dataset(dataset, False)
         cases[name] = (path, sets[key])
     rng = np.random.default_rng(0)
-    for name, (model, shape) in _untrained().items():
+    for name, (model, shape) in untrained.items():
         if name in models:
             export = modelexport.export(
                 model, tmp / name, keep_batchnorm=True, keep_dropout=True, input_shape=(1, *shape)
