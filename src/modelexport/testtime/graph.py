@@ -184,7 +184,8 @@ def tail_model(model: onnx.ModelProto, start: int, output: str) -> tuple[onnx.Mo
     return helper.make_model(graph, opset_imports=list(model.opset_import)), sorted(fed)
 
 
-def _rank(model: onnx.ModelProto, names: list[str]) -> dict[str, int | None]:
+def _ranks_and_types(model: onnx.ModelProto, names: list[str]) -> dict[str, tuple[int | None, int]]:
+    """Per tensor: its rank and element type, as shape inference gives them (None / UNDEFINED where it cannot)."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - ranks then stay unknown and the general path is used
@@ -192,11 +193,14 @@ def _rank(model: onnx.ModelProto, names: list[str]) -> dict[str, int | None]:
     infos = {
         vi.name: vi for vi in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
     }
-    out: dict[str, int | None] = {}
+    out: dict[str, tuple[int | None, int]] = {}
     for name in names:
         vi = infos.get(name)
-        has = vi is not None and vi.type.tensor_type.HasField("shape")
-        out[name] = len(vi.type.tensor_type.shape.dim) if has else None  # type: ignore[union-attr]
+        if vi is None:
+            out[name] = (None, onnx.TensorProto.UNDEFINED)
+            continue
+        tensor = vi.type.tensor_type
+        out[name] = (len(tensor.shape.dim) if tensor.HasField("shape") else None, tensor.elem_type)
     return out
 
 
@@ -254,9 +258,7 @@ def mixed_statistics(index: int) -> tuple[str, str]:
     return f"{MIX_PREFIX}{index}.mean", f"{MIX_PREFIX}{index}.var"
 
 
-def _per_example(
-    g: _Nodes, x: str, rank: int | None, p: str, pooled: bool, blocked: bool, dtype: int
-) -> tuple[str, str]:
+def _per_example(g: _Nodes, x: str, rank: int | None, p: str, pooled: bool, blocked: bool) -> tuple[str, str]:
     """Per-example channel means and mean squares of ``x`` (N, C, ...): (N, C), or with ``pooled`` (every BN
     input of one rank >= 3) (N, C, 1, ...) as they are -- fewer nodes at batch size 1.
 
@@ -264,8 +266,7 @@ def _per_example(
     output: Mul and GlobalAveragePool run there. Otherwise the square is a Pow and the means a ReduceMean: ONNX
     Runtime computes a Mul of two blocked tensors blocked (on channels padded to the block) and reorders it
     back, and its plain GlobalAveragePool is slower than ReduceMean. On the 8-channel stem of the small
-    benchmark CNN (32 x 32 images) the adapted pass went from 1.55x to 1.38x a plain one. ``dtype``: the
-    element type of Pow's exponent (the BN scale's)."""
+    benchmark CNN (32 x 32 images) the adapted pass went from 1.55x to 1.38x a plain one (a float32 ``x``)."""
     if rank == 2:
         return x, g.add("Mul", [x, x], f"{p}.square")
     if rank is not None and rank >= 3:
@@ -273,7 +274,7 @@ def _per_example(
             square = g.add("Mul", [x, x], f"{p}.square")
             means = [g.add("GlobalAveragePool", [t], f"{p}.{k}.pooled") for k, t in (("m", x), ("q", square))]
         else:
-            two = g.const(f"{p}.two", np.asarray(2, helper.tensor_dtype_to_np_dtype(dtype)))
+            two = g.const(f"{p}.two", np.asarray(2.0, np.float32))
             square = g.add("Pow", [x, two], f"{p}.square")
             spatial = list(range(2, rank))
             if not pooled:
@@ -325,7 +326,8 @@ def mix_batch_statistics(model: onnx.ModelProto, bn_nodes: list[str], mixed: set
     missing = sorted(set(bn_nodes) - set(found))
     if missing:
         raise ValueError(f"no BatchNormalization nodes named {missing}")
-    ranks = _rank(out, [found[name].input[0] for name in bn_nodes])
+    types = _ranks_and_types(out, [found[name].input[0] for name in bn_nodes])
+    ranks = {name: rank for name, (rank, _) in types.items()}
     kinds = set(ranks.values())
     pooled = len(kinds) == 1 and (kinds.pop() or 0) >= 3  # (N, C, 1, ...) parts concatenate as they are
     axes = [0, *range(2, next(iter(ranks.values())) or 2)] if pooled else [0]
@@ -338,9 +340,9 @@ def mix_batch_statistics(model: onnx.ModelProto, bn_nodes: list[str], mixed: set
             continue
         x = node.input[0]
         channels = next((t.dims[0] for t in out.graph.initializer if t.name == node.input[1]), None)
-        blocked = channels is None or channels % NCHWC_BLOCK == 0
-        dtype = _elem_type(out, node.input[1])
-        m, q = _per_example(g, x, ranks[x], f"{MIX_PREFIX}{i}", pooled, blocked, dtype)
+        # the blocked layout is float32's; another type (or unknown channels) keeps the first form
+        plain = types[x][1] == onnx.TensorProto.FLOAT and channels is not None and channels % NCHWC_BLOCK != 0
+        m, q = _per_example(g, x, ranks[x], f"{MIX_PREFIX}{i}", pooled, not plain)
         parts.append((m, q))
         bn = onnx.NodeProto()
         bn.CopyFrom(node)
