@@ -262,11 +262,12 @@ def _per_example(g: _Nodes, x: str, rank: int | None, p: str, pooled: bool, bloc
     """Per-example channel means and mean squares of ``x`` (N, C, ...): (N, C), or with ``pooled`` (every BN
     input of one rank >= 3) (N, C, 1, ...) as they are -- fewer nodes at batch size 1.
 
-    ``blocked``: the channels fill ONNX Runtime's blocked (NCHWc) layout, in which it keeps the convolution's
-    output: Mul and GlobalAveragePool run there. Otherwise the square is a Pow and the means a ReduceMean: ONNX
+    ``blocked`` (the square a Mul, the means GlobalAveragePool, which every type has): where ``x`` fills ONNX
+    Runtime's blocked (NCHWc) layout, in which it keeps the convolution's output, they run there. A float32
+    ``x`` whose channels do not fill it (``blocked`` False) squares with Pow and averages with ReduceMean: ONNX
     Runtime computes a Mul of two blocked tensors blocked (on channels padded to the block) and reorders it
     back, and its plain GlobalAveragePool is slower than ReduceMean. On the 8-channel stem of the small
-    benchmark CNN (32 x 32 images) the adapted pass went from 1.55x to 1.38x a plain one (a float32 ``x``)."""
+    benchmark CNN (32 x 32 images) the adapted pass went from 1.55x to 1.38x a plain one."""
     if rank == 2:
         return x, g.add("Mul", [x, x], f"{p}.square")
     if rank is not None and rank >= 3:
@@ -340,7 +341,7 @@ def mix_batch_statistics(model: onnx.ModelProto, bn_nodes: list[str], mixed: set
             continue
         x = node.input[0]
         channels = next((t.dims[0] for t in out.graph.initializer if t.name == node.input[1]), None)
-        # the blocked layout is float32's; another type (or unknown channels) keeps the first form
+        # the blocked layout is float32's: another type, or unknown channels, keeps Mul and GlobalAveragePool
         plain = types[x][1] == onnx.TensorProto.FLOAT and channels is not None and channels % NCHWC_BLOCK != 0
         m, q = _per_example(g, x, ranks[x], f"{MIX_PREFIX}{i}", pooled, not plain)
         parts.append((m, q))
