@@ -50,7 +50,9 @@ def _reliable(
     keep = entropy < margin
     average = memory.get("probs")
     if average is not None:  # cosine similarity (torch's: each norm at least 1e-8)
-        norms = np.maximum(np.linalg.norm(probs, axis=-1), 1e-8) * max(float(np.linalg.norm(average)), 1e-8)
+        # the norms as np.linalg.norm computes them, without its checks (a third of this function's time)
+        norms = np.maximum(np.sqrt((probs * probs).sum(axis=-1)), 1e-8)
+        norms *= max(math.sqrt(float(average @ average)), 1e-8)
         keep &= (probs @ average) / norms < REDUNDANT_COSINE
     if keep.any():
         mean = probs[keep].mean(axis=0)
