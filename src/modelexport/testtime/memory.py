@@ -146,19 +146,19 @@ def _water_level(sizes: list[int], capacity: int) -> list[int]:
 
 
 def _water_level_small(sizes: list[int], capacity: int) -> list[int]:
-    """:func:`_water_level` over the present classes one by one (the same quota, tested)."""
+    """:func:`_water_level` over the present classes one by one (the same quota, tested): (size, class)
+    pairs sort as the classes by size with ties in class order."""
+    ranked = sorted((k, c) for c, k in enumerate(sizes) if k)
+    left, present = capacity, len(ranked)
     quota = list(sizes)
-    ranked = sorted((c for c, k in enumerate(sizes) if k), key=sizes.__getitem__)
-    left = capacity
-    for i, c in enumerate(ranked):
-        share = left // (len(ranked) - i)
-        if sizes[c] > share:  # this class and every larger one get the level
-            over = sorted(ranked[i:], key=lambda k: -sizes[k])  # stable: ties keep class order
-            extra = left - share * len(over)
-            for j, k in enumerate(over):
-                quota[k] = share + (j < extra)
+    for i, (k, _) in enumerate(ranked):
+        share = left // (present - i)
+        if k > share:  # this class and every larger one get the level; the largest first take what is left
+            extra = left - share * (present - i)
+            for j, (_, c) in enumerate(sorted((-size, c) for size, c in ranked[i:])):
+                quota[c] = share + (j < extra)
             break
-        left -= sizes[c]
+        left -= k
     return quota
 
 
@@ -269,15 +269,12 @@ class StatisticsMemory:
             slots = slice(self.size, self.size + n)
         else:
             quota = _water_level(sizes, self.capacity)
-            taken = [min(a, q) for a, q in zip(added, quota, strict=True)]  # per class: the newest kept
-            if taken == added:
-                kept_new, kept = slice(None), n
-            else:
-                kept_new = _newest(new, np.asarray(added), np.asarray(taken))
-                kept = len(kept_new)
             dropped_slots: list[int] = []
-            for c, (k, q, t) in enumerate(zip(counts, quota, taken, strict=True)):
-                k -= q - t  # the oldest entries dropped
+            every = True  # every new example is kept
+            for c, (k, a, q) in enumerate(zip(counts, added, quota, strict=True)):
+                if a > q:  # the class keeps only its newest q
+                    every, a = False, q
+                k -= q - a  # the oldest entries dropped
                 if k:
                     queue = self._slots[c]
                     dropped_slots += queue[:k]
@@ -285,6 +282,12 @@ class StatisticsMemory:
                         del self._slots[c]
                     else:
                         del queue[:k]
+            if every:
+                kept_new, kept = slice(None), n
+            else:
+                taken = np.minimum(added, quota)
+                kept_new = _newest(new, np.asarray(added), taken)
+                kept = len(kept_new)
             # new rows that are kept go to the slots of dropped entries (in slot order), then to free ones
             dropped_slots.sort()
             dropped = np.asarray(dropped_slots, np.int64)
@@ -299,9 +302,10 @@ class StatisticsMemory:
         self.noise[slots] = 0.0 if noise is None else np.asarray(noise, np.float64)[kept_new]
         self.deficit[slots] = 0.0 if deficit is None else np.asarray(deficit, np.float64)[kept_new]
         queues = self._slots
+        find = queues.get
         indices = range(slots.start, slots.stop) if isinstance(slots, slice) else slots.tolist()
         for c, j in zip(kept_classes.tolist(), indices, strict=True):  # ages rise: oldest first
-            queue = queues.get(c)
+            queue = find(c)
             if queue is None:
                 queues[c] = [j]
             else:
