@@ -203,7 +203,7 @@ def test_the_memory_keeps_what_its_rules_keep(sizes: tuple[int, ...], runs: int,
     capacity, and takes one example at a time (how a batch-1 stream fills and runs it) with Python scalars:
     after every batch it must hold exactly what the rules keep -- of its entries and a batch what
     :func:`balanced_keep` picks, of a full memory and one example what :func:`_replaced` names -- with their
-    running moments and readings. Batches are mixed with runs of one class; ``singles`` mixes in examples."""
+    moments and readings. Batches are mixed with runs of one class; ``singles`` mixes in examples."""
     rng = np.random.default_rng(seed)
     for _ in range(250):
         capacity, classes = int(rng.integers(1, 24)), int(rng.integers(1, 8))
