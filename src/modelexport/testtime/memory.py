@@ -131,7 +131,8 @@ def _water_level(sizes: list[int], capacity: int) -> list[int]:
     (the slots left over by rounding go to the largest classes)."""
     if sum(sizes) <= capacity:
         return list(sizes)
-    if len(sizes) - sizes.count(0) <= SMALL_CLASSES:  # a few classes: Python scalars cost less than numpy calls
+    present = len(sizes) - sizes.count(0)
+    if present <= SMALL_CLASSES:  # a few classes: Python scalars cost less than numpy calls
         return _water_level_small(sizes, capacity)
     counts = np.asarray(sizes, np.int64)
     ranked = np.sort(counts)
@@ -297,8 +298,8 @@ class StatisticsMemory:
                 else np.concatenate([dropped, np.arange(self.size, self.size + kept - len(dropped))])
             )
         kept_classes = new[kept_new]
-        ages = np.arange(first, first + n)
-        self.stats[slots], self.classes[slots], self.ages[slots] = rows[kept_new], kept_classes, ages[kept_new]
+        self.stats[slots], self.classes[slots] = rows[kept_new], kept_classes
+        self.ages[slots] = np.arange(first, first + n)[kept_new]
         self.noise[slots] = 0.0 if noise is None else np.asarray(noise, np.float64)[kept_new]
         self.deficit[slots] = 0.0 if deficit is None else np.asarray(deficit, np.float64)[kept_new]
         queues = self._slots
