@@ -252,8 +252,7 @@ def test_a_graph_the_rules_cannot_differentiate_is_left_to_torch() -> None:
 def test_the_methods_logit_gradients_are_their_losses_gradients() -> None:
     """Tent's mean entropy and EATA's weighted entropy of the reliable rows (the weight held constant): the
     gradients the methods step on equal autograd's of the losses written in torch."""
-    from modelexport._numeric import log_softmax
-    from modelexport.testtime.sar import _eata_gradient, _entropy
+    from modelexport.testtime.sar import _eata_gradient, _predictions
     from modelexport.testtime.tent import entropy_gradient
 
     logits = rng.normal(scale=3.0, size=(16, 10))
@@ -267,7 +266,7 @@ def test_the_methods_logit_gradients_are_their_losses_gradients() -> None:
     loss = (torch.exp(margin - entropy[kept].detach()) * entropy[kept]).sum() / len(keep)
     (eata,) = torch.autograd.grad(loss, z)
     np.testing.assert_allclose(
-        _eata_gradient(log_softmax(logits), _entropy(log_softmax(logits)), keep, margin),
+        _eata_gradient(*_predictions(logits), keep, margin),
         eata.numpy(),
         rtol=1e-9,
         atol=1e-12,

@@ -42,11 +42,10 @@ EMA = 0.1
 
 
 def _reliable(
-    log_p: np.ndarray, entropy: np.ndarray, margin: float, memory: dict[str, np.ndarray]
+    probs: np.ndarray, entropy: np.ndarray, margin: float, memory: dict[str, np.ndarray]
 ) -> np.ndarray:
-    """Mask of the reliable, non-redundant rows (``log_p``: their log-probabilities, ``entropy``: their
-    prediction entropy); the moving average learns from them."""
-    probs = np.exp(log_p)
+    """Mask of the reliable, non-redundant rows (``probs``: their softmax, ``entropy``: their prediction
+    entropy); the moving average learns from them."""
     keep = entropy < margin
     average = memory.get("probs")
     if average is not None:  # cosine similarity (torch's: each norm at least 1e-8)
@@ -60,15 +59,22 @@ def _reliable(
     return keep
 
 
-def _entropy(log_p: np.ndarray) -> np.ndarray:
-    return -(np.exp(log_p) * log_p).sum(axis=-1)
+def _predictions(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Log-probabilities, probabilities and entropy of each row, each computed once: the filter and the
+    gradient read them all (in a stream a numpy call costs several microseconds, cold after ONNX Runtime's
+    pass)."""
+    log_p = log_softmax(logits)
+    probs = np.exp(log_p)
+    return log_p, probs, -(probs * log_p).sum(axis=-1)
 
 
-def _eata_gradient(log_p: np.ndarray, entropy: np.ndarray, keep: np.ndarray, margin: float) -> np.ndarray:
+def _eata_gradient(
+    log_p: np.ndarray, probs: np.ndarray, entropy: np.ndarray, keep: np.ndarray, margin: float
+) -> np.ndarray:
     """The gradient of EATA's loss with respect to the logits: the entropy of the kept rows weighted by
     exp(margin - entropy) (the weight held constant), averaged over the batch."""
     weight = np.where(keep, np.exp(margin - entropy), 0.0)[:, None]
-    return weighted_entropy_gradient(log_p, weight)
+    return weighted_entropy_gradient(log_p, weight, probs, entropy[:, None])
 
 
 def sar_adapt(
@@ -109,18 +115,16 @@ def sar_step(
     for _ in range(steps):
         logits, vjp = differentiable(params)
         margin = reliable_entropy * float(np.log(logits.shape[-1]))
-        log_p = log_softmax(logits)
-        entropy = _entropy(log_p)
-        keep = _reliable(log_p, entropy, margin, memory)
+        log_p, probs, entropy = _predictions(logits)
+        keep = _reliable(probs, entropy, margin, memory)
         if not keep.any():
             break
-        grads = vjp(_eata_gradient(log_p, entropy, keep, margin))
+        grads = vjp(_eata_gradient(log_p, probs, entropy, keep, margin))
         norm = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values())) + 1e-12
         # climb to the sharpest neighbour, take the gradient there, step from where it started
         climbed = {k: p + (SAM_RHO / norm) * grads[k] for k, p in params.items()}
         logits, vjp = differentiable(climbed)
-        log_p = log_softmax(logits)
-        sharp = vjp(_eata_gradient(log_p, _entropy(log_p), keep, margin))
+        sharp = vjp(_eata_gradient(*_predictions(logits), keep, margin))
         sharp = {k: g + 2.0 * ANCHOR * (climbed[k] - source[k]) for k, g in sharp.items()}
         params = opt.step(params, sharp)
     return params

@@ -36,11 +36,18 @@ def entropy_gradient(logits: np.ndarray) -> np.ndarray:
     return weighted_entropy_gradient(log_softmax(logits), 1.0)
 
 
-def weighted_entropy_gradient(log_p: np.ndarray, weight: np.ndarray | float) -> np.ndarray:
+def weighted_entropy_gradient(
+    log_p: np.ndarray,
+    weight: np.ndarray | float,
+    probs: np.ndarray | None = None,
+    entropy: np.ndarray | None = None,
+) -> np.ndarray:
     """The gradient, with respect to the logits whose log-probabilities are ``log_p`` (N, C), of the batch's
-    mean of each row's prediction entropy times its ``weight`` (held constant; (N, 1) or a scalar)."""
-    p = np.exp(log_p)
-    entropy = -(p * log_p).sum(axis=-1, keepdims=True)
+    mean of each row's prediction entropy times its ``weight`` (held constant; (N, 1) or a scalar);
+    ``probs`` (N, C) and ``entropy`` (N, 1): the rows' as the caller computed them (None: computed here)."""
+    p = np.exp(log_p) if probs is None else probs
+    if entropy is None:
+        entropy = -(p * log_p).sum(axis=-1, keepdims=True)
     return weight * -p * (log_p + entropy) / len(log_p)
 
 
