@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,10 @@ def missing_reason() -> str | None:
     return None
 
 
-def start_browser(width: int = 1400, height: int = 1000) -> Any:
+def start_browser(scratch: Path, width: int = 1400, height: int = 1000) -> Any:
+    """A headless Chromium whose temporary files go to ``scratch`` (its ``TMPDIR``): Chromium leaves a
+    folder of its process-singleton socket in the temporary directory at every quit, which the caller
+    deletes with ``scratch``."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -40,7 +44,8 @@ def start_browser(width: int = 1400, height: int = 1000) -> Any:
     ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=options, service=Service(find(DRIVER_NAMES)))
+    service = Service(find(DRIVER_NAMES), env={**os.environ, "TMPDIR": str(scratch)})
+    return webdriver.Chrome(options=options, service=service)
 
 
 def open_page(driver: Any, path: Path) -> list[dict[str, Any]]:

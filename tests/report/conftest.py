@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +17,13 @@ def browser() -> Any:
     reason = missing_reason()
     if reason:
         pytest.skip(reason)
-    driver = start_browser()
-    yield driver
-    driver.quit()
+    scratch = Path(tempfile.mkdtemp(prefix="modelexport-chromium-"))
+    try:
+        driver = start_browser(scratch)
+        yield driver
+        driver.quit()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
