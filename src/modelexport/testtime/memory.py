@@ -240,6 +240,8 @@ class StatisticsMemory:
         and the new examples, found per class (each class's oldest entries are the ones dropped), so a full
         memory costs O(new rows + classes) per batch, not a sort of its capacity."""
         n = len(classes)
+        # a memory never measured holds zeros there: an unmeasured batch need not write them
+        write_noise, write_deficit = self.measured or noise is not None, self.measured or deficit is not None
         self.measured = self.measured or noise is not None or deficit is not None
         if n == 1:  # one example at a time (batch 1): Python scalars, no index arrays
             one = (
@@ -300,8 +302,10 @@ class StatisticsMemory:
         kept_classes = new[kept_new]
         self.stats[slots], self.classes[slots] = rows[kept_new], kept_classes
         self.ages[slots] = np.arange(first, first + n)[kept_new]
-        self.noise[slots] = 0.0 if noise is None else np.asarray(noise, np.float64)[kept_new]
-        self.deficit[slots] = 0.0 if deficit is None else np.asarray(deficit, np.float64)[kept_new]
+        if write_noise:
+            self.noise[slots] = 0.0 if noise is None else np.asarray(noise, np.float64)[kept_new]
+        if write_deficit:
+            self.deficit[slots] = 0.0 if deficit is None else np.asarray(deficit, np.float64)[kept_new]
         queues = self._slots
         find = queues.get
         indices = range(slots.start, slots.stop) if isinstance(slots, slice) else slots.tolist()
@@ -377,12 +381,12 @@ class StatisticsMemory:
     @property
     def noise_level(self) -> float:
         """The entries' mean excess noise (0 when empty or unmeasured)."""
-        return float(self.noise[: self.size].sum() / self.size) if self.size else 0.0
+        return float(self.noise[: self.size].sum() / self.size) if self.size and self.measured else 0.0
 
     @property
     def deficit_level(self) -> float:
         """The entries' mean detail deficit (0 when empty or unmeasured)."""
-        return float(self.deficit[: self.size].sum() / self.size) if self.size else 0.0
+        return float(self.deficit[: self.size].sum() / self.size) if self.size and self.measured else 0.0
 
     @property
     def coverage(self) -> float:
