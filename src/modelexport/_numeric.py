@@ -36,8 +36,17 @@ def log_softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
 
 
+#: Classes up to which :func:`count_entropy` works in Python scalars: a dozen numpy calls on a few values cost
+#: more than a loop over them (the collapse guard asks every quarter window of a stream).
+SCALAR_CLASSES = 32
+
+
 def count_entropy(counts: np.ndarray) -> float:
     """The entropy (nats) of the distribution that ``counts`` (one per class, not all 0) give."""
+    if len(counts) <= SCALAR_CLASSES:
+        values = counts.tolist()
+        total = sum(values)
+        return -sum(k / total * math.log(k / total) for k in values if k)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
 

@@ -253,6 +253,21 @@ def test_the_quota_of_a_few_classes_equals_the_vectorised_one(monkeypatch: pytes
 
 
 @pytest.mark.must
+def test_the_entropy_of_a_few_classes_equals_the_vectorised_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import modelexport._numeric as numeric
+
+    rng = np.random.default_rng(0)
+    cases = [rng.integers(0, 40, int(rng.integers(1, numeric.SCALAR_CLASSES + 1))) for _ in range(2000)]
+    cases = [c for c in cases if c.any()]
+    small = [numeric.count_entropy(c) for c in cases]
+    assert numeric.count_entropy(np.array([0, 7, 7, 0, 7])) == pytest.approx(np.log(3), rel=1e-15)
+    assert numeric.count_entropy(np.array([0, 5, 0])) == 0.0
+    monkeypatch.setattr(numeric, "SCALAR_CLASSES", -1)  # every case through the numpy path
+    for counts, got in zip(cases, small, strict=True):
+        assert got == pytest.approx(numeric.count_entropy(counts), rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.must
 def test_blend_is_the_mixture_with_the_source_and_deep_layers_weigh_coverage(digits_export: Any) -> None:
     adapter = BNAdapter(digits_export.onnx_path)
     prior = adapter.prior(8.0, 32.0)
