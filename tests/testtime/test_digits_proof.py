@@ -6,7 +6,7 @@ order, Tent through the ONNX graph), writes benchmarks/results/test_time_digits.
 Target: BN adaptation recovers at least half of the accuracy lost to the strongest corruption. Missed, and
 pinned as measured: the strongest is contrast 5, and the memory of 128 examples (source 16 / 64) recovers 42%
 of it, where the first design (64 examples, source 8 / 32) recovered 53% -- the larger, slower memory was
-chosen for clean class-ordered streams of the pipeline's own network (docs/benchmarks.md, final round: 0.3-1
+chosen for clean class-ordered streams of the pipeline's own network (docs/test-time-design.md, final round: 0.3-1
 point closer to plain on clean digits read class by class, 3-4 points less on contrast 4). Exact per-batch
 statistics reach 76% here, on i.i.d. batches.
 

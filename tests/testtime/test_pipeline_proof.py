@@ -3,7 +3,7 @@
 The image pipeline trains on a PNG folder of digits with seed 1 (the design was tuned on seed 0's network), the
 test folders are corrupted in pixel space and read through the package's processor, class by class as a folder
 is read (tests/testtime/pipeline_folder.py). ``--ttt bn`` with its defaults, against plain inference, in batches
-of 40 and 1, streamed as read and class-sorted. Met and pinned as measured (docs/benchmarks.md, final round):
+of 40 and 1, streamed as read and class-sorted. Met and pinned as measured (docs/test-time-design.md, final round):
 contrast and the issue's noise 2 + contrast 2 recover 86-92%; Gaussian noise 4 recovers 56-64% with the input
 denoising the package records and the gate its excess noise opens (56-61% before a class-ordered stream's batch
 counted in the stem only as far as the stem sees a shift, 47-52% with the gate shut, 17-22% without denoising;

@@ -10,7 +10,7 @@ judged corruption's loss, batch 1 at least 30%. One pair misses, and is pinned a
 digits recovers 42% at batch 48 with this (the tests') digits CNN (39% before a class-ordered stream's batch
 counted in the stem only as far as the stem sees a shift, 35% before a stream's first batch measured its own
 shift, 44-46% before the deep layers counted a class-ordered stream's classes by their support,
-docs/benchmarks.md; the benchmark's first cached digits CNN reached 58%). The second design was chosen after this grid had been seen: the networks it
+docs/test-time-design.md; the benchmark's first cached digits CNN reached 58%). The second design was chosen after this grid had been seen: the networks it
 was never tuned on are the final round's (tests/testtime/test_pipeline_proof.py). The whole tables: ``python
 benchmarks/test_time.py --streams --grid held-out`` (and ``--grid development``, ``--grid final``). Writes
 benchmarks/results/test_time_streams_proof.json.
