@@ -26,6 +26,8 @@ from modelexport.testtime import (
 )
 from modelexport.testtime.corruptions import corrupt, gaussian_blur
 from modelexport.testtime.denoise import BLUR_SIGMA, SHARPEN_STRENGTHS, restore_measured
+from modelexport.testtime.memory import BLUR_GATE, StatisticsMemory
+from modelexport.testtime.streams import Stream
 
 
 def _step_image(sigma: float, seed: int = 0) -> tuple[np.ndarray, float]:
@@ -97,6 +99,34 @@ def test_restoration_reports_each_examples_missing_detail() -> None:
     np.testing.assert_allclose(deficit, [0.0, 1.0 - (blurred / floor) ** 2], rtol=1e-5, atol=1e-7)
     assert 0.5 < deficit[1] < 1.0  # this blur takes most of the finest detail
     assert restore_measured(x, InputNoise(0.1, 2.0, 0))[2] is None
+
+
+@pytest.mark.smoke
+def test_a_streams_sharpening_opens_with_its_mean_detail_deficit() -> None:
+    """A batch gets the share of the sharpening its stream's mean detail deficit opens: none up to
+    ``memory.BLUR_GATE`` (a mild blur, which sharpened example by example scattered streams around plain), all
+    of it from twice that, the memory's entries counting with the batch's examples; the readings are the
+    examples' own either way."""
+    clean, _ = _step_image(0.0)
+    textured = (clean + 0.3 * np.random.default_rng(2).random(clean.shape)).astype(np.float32)
+    x = gaussian_blur(textured, 0.5)  # a gain of 1.4, under MAX_SHARPEN at every strength
+    record = InputNoise(0.0, 0.0, 0, float(sharpness(textured)[0, 0]), 1.0)
+    full, _, deficit = restore_measured(x, record)
+    shut, _, read = restore_measured(x, record, lambda d: 0.0)
+    np.testing.assert_array_equal(shut, x)
+    np.testing.assert_array_equal(read, deficit)
+    half = restore_measured(x, record, lambda d: 0.5)[0]  # the strength scaled
+    np.testing.assert_array_equal(half, restore(x, InputNoise(0.0, 0.0, 0, record.sharp_floor, 0.5)))
+    assert not np.array_equal(half, full)
+    np.testing.assert_array_equal(restore_measured(x, record, lambda d: 1.0)[0], full)
+
+    fresh = TestTimeEngine._sharpening(Stream())  # no memory: the batch alone
+    assert fresh(np.full(4, BLUR_GATE)) == 0.0 and fresh(np.full(4, 2 * BLUR_GATE)) == 1.0
+    assert fresh(np.full(4, 1.5 * BLUR_GATE)) == pytest.approx(0.5)
+    stream = Stream()
+    stream.bank = StatisticsMemory(128, 2, 10)
+    stream.bank.add(np.zeros((4, 2)), np.arange(4), None, np.zeros(4))  # four entries lacking nothing
+    assert TestTimeEngine._sharpening(stream)(np.full(4, 3 * BLUR_GATE)) == pytest.approx(0.5)
 
 
 @pytest.mark.smoke

@@ -9,6 +9,7 @@ import click
 from ..batch.evaluate import evaluate_batch
 from ..errors import ConfigError
 from ..inference.evaluate import EvaluationResult, evaluate
+from ..testtime.memory import BLUR_GATE
 from ..testtime.policy import STATISTICS, TestTimePolicy
 from .display import echo, progress
 from .options import ray_engine_options
@@ -148,7 +149,9 @@ def _table(result: EvaluationResult) -> str:
     type=click.FloatRange(0, None),
     default=None,
     help="--ttt: image inputs smoother than the source's (a blur) get an unsharp mask of this times the gain "
-    "that brings their detail back to the model's record. Default: the strength the record calibrated; 0: off.",
+    "that brings their detail back to the model's record, once the stream's mean loss of detail passes "
+    f"{BLUR_GATE:g} (fully from {2 * BLUR_GATE:g}; a mild blur is left as it is). Default: the strength the "
+    "record calibrated; 0: off.",
 )
 @click.option(
     "--bn-prior",

@@ -241,7 +241,7 @@ def restore(x: np.ndarray, record: InputNoise) -> np.ndarray:
 
 
 def restore_measured(
-    x: np.ndarray, record: InputNoise
+    x: np.ndarray, record: InputNoise, opened: Callable[[np.ndarray], float] | None = None
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """(:func:`restore`'s output, each example's *excess noise*, each example's *detail deficit*), the readings
     (N,) as given, averaged over its channels: the excess noise is its squared noise ratio above the floor's
@@ -249,7 +249,8 @@ def restore_measured(
     nothing; the detail deficit is the share of the sharpness floor's squared detail it lacks, ``1 -
     (sharpness / sharp_floor)^2`` above 0, None where the record sharpens nothing. What the restoration takes
     out of an example no statistics downstream can see any more; the adaptation reads it here
-    (``memory.NOISE_GATE``, ``memory.BLUR_GATE``)."""
+    (``memory.NOISE_GATE``, ``memory.BLUR_GATE``). ``opened``: given the examples' detail deficits, the share of
+    the sharpening that runs (a stream's own gate, ``engine``); None: all of it."""
     out, excess, deficit = x, None, None
     if not (record.strength or (record.sharpen and record.sharp_floor)):
         return out, excess, deficit
@@ -266,10 +267,12 @@ def restore_measured(
         deficit = (
             np.add.reduce(np.where(read, np.maximum(1.0 - detail * detail, 0.0), 0.0), axis=1) / channels
         )
-        gain = np.divide(record.sharp_floor, sharp, out=np.ones_like(sharp), where=read) - 1.0
-        amount = np.minimum(np.maximum(record.sharpen * gain, 0.0), MAX_SHARPEN)
-        if amount.any():
-            out = out + amount[:, :, None, None] * (x - gaussian_blur(x, SHARPEN_SIGMA))
+        strength = record.sharpen * (1.0 if opened is None else opened(deficit))
+        if strength:
+            gain = np.divide(record.sharp_floor, sharp, out=np.ones_like(sharp), where=read) - 1.0
+            amount = np.minimum(np.maximum(strength * gain, 0.0), MAX_SHARPEN)
+            if amount.any():
+                out = out + amount[:, :, None, None] * (x - gaussian_blur(x, SHARPEN_SIGMA))
     return (out if out is x else out.astype(x.dtype, copy=False)), excess, deficit
 
 

@@ -118,7 +118,7 @@ class TestTimePolicy:
     #: this (nats a channel: the variance part of the KL divergence; fully from twice it); their means always
     #: follow; the excess noise the input denoising takes out opens it too (``memory.NOISE_GATE``); a stream's
     #: first batch, with no memory yet, measures it on its own statistics. A clean stream keeps the source's stem
-    #: variances; while it is shut on a class-ordered stream of restored inputs, the deep layers' source counts
+    #: variances; while it is shut on a stream of restored inputs, the deep layers' source counts
     #: ``memory.SHUT_PRIOR`` times; a class-ordered stream's batch of ``streams.MIN_BATCH`` or more counts in the
     #: stem only as far as the stem's own shift opens it (0: no gate, none of these).
     shift_gate: float = 0.1
@@ -127,8 +127,9 @@ class TestTimePolicy:
     #: above the source's, at most all the way (``denoise.py``). None: the strength the record calibrated; 0: off.
     denoise: float | None = None
     #: The same models: an example smoother than the source's images (a blur) is sharpened by an unsharp mask of
-    #: this times the gain that brings its detail back to theirs (``denoise.py``). None: the strength the record
-    #: calibrated; 0: off.
+    #: this times the gain that brings its detail back to theirs (``denoise.py``), as far as the stream's mean
+    #: detail deficit opens it (from ``memory.BLUR_GATE`` to twice that: a mild blur is left as it is). None: the
+    #: strength the record calibrated; 0: off.
     sharpen: float | None = None
     #: memory: where the model records source anchors (``modelexport.source_anchors``, written by the image
     #: pipeline) and a stream's inputs were noisy beyond the source's, the deeper BN layers' source variances are
