@@ -397,8 +397,8 @@ class TestTimeEngine:
         entries and the batch's examples) is below ``memory.BLUR_GATE``, fully open at twice it. A mild blur
         costs plain half a point on the pipeline's digits networks; sharpened example by example, a blur-2
         stream scattered from a point below plain to two above, and class-ordered ones fell 6 of 597 digits
-        below it, while a blur of 4, which costs 10 points, reads past twice the gate (``docs``: the design
-        record, stop 53)."""
+        below it, while a blur of 4, which costs 10 points, reads past twice the gate (the design record,
+        ``docs/test-time-design.md``, item 21)."""
         with stream.lock:
             bank = stream.bank
             size = bank.size if bank is not None else 0
@@ -426,9 +426,8 @@ class TestTimeEngine:
         if self.adapter is not None and p.batch_statistics and p.label_shift_alpha:
             if len(feeds[self.input_name]) < MIN_BATCH:  # too few examples for their own statistics
                 return self._correct(stream, self._fallback(feeds, stream, "small batch"))
-        seen, _ = self._restored(
-            feeds, stream
-        )  # after the fallback, which serves the source the batch as given
+        # after the fallback, which serves the source the batch as given
+        seen, _ = self._restored(feeds, stream)
         if p.episodic:  # nothing shared: concurrent calls adapt independently
             before, state = None, self._adapt(seen, stream)
         else:
