@@ -441,9 +441,8 @@ def test_the_shift_gate_keeps_the_stem_variances_until_the_memory_moves_away(
     deep = slice(stem.stop, s)
     # measured, nothing taken out, no shift: the deep layers' source counts SHUT_PRIOR times
     assert np.abs(mean[deep] - prior.mean[deep]).sum() < np.abs(free_mean[deep] - prior.mean[deep]).sum()
-    bare = StatisticsMemory(
-        128, 2 * s, 10
-    )  # the same entries without readings: deep layers as without a gate
+    # the same entries without readings: deep layers as without a gate
+    bare = StatisticsMemory(128, 2 * s, 10)
     bare.add(clean.stats[: clean.size], clean.classes[: clean.size])
     bare_mean, bare_var = prior.blend(bare, prior.gates(bare), correlated=False)
     np.testing.assert_allclose(bare_mean, free_mean, rtol=1e-12)
