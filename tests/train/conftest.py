@@ -35,13 +35,15 @@ def trained_digits(digits_splits: tuple[Any, Any, Any]) -> Any:
 
 @pytest.fixture(scope="session")
 def deployed_digits(trained_digits: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    """The trained digits network exported (BN kept) and deployed on ONNX Runtime."""
+    """The trained digits network exported (BN kept), in a program of its own: the tests that deploy it must not
+    turn ``trained_digits``' program into an ONNX one (whichever test a worker runs first)."""
+    from modelexport.train.program import ClassifierProgram
     from modelexport.workflow.steps import export_network
 
     program, _ = trained_digits
     out = tmp_path_factory.mktemp("digits_export")
     result = export_network(program.network, out, keep_batchnorm=True)
-    return program, Path(result.onnx_path)
+    return ClassifierProgram(program.network), Path(result.onnx_path)
 
 
 @pytest.fixture(scope="session")
