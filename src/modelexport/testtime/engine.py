@@ -398,13 +398,14 @@ class TestTimeEngine:
         costs plain half a point on the pipeline's digits networks; sharpened example by example, a blur-2
         stream scattered from a point below plain to two above, and class-ordered ones fell 6 of 597 digits
         below it, while a blur of 4, which costs 10 points, reads past twice the gate (the design record,
-        ``docs/test-time-design.md``, item 21)."""
-        with stream.lock:
-            bank = stream.bank
-            size = bank.size if bank is not None else 0
-            held = bank.deficit_level * size if size else 0.0
+        ``docs/test-time-design.md``, item 21). The memory is read only when a batch is sharpened: a record that
+        only denoises never asks."""
 
         def opened(deficit: np.ndarray) -> float:
+            with stream.lock:
+                bank = stream.bank
+                size = bank.size if bank is not None else 0
+                held = bank.deficit_level * size if size else 0.0
             return opening((held + float(deficit.sum())) / (size + len(deficit)), BLUR_GATE)
 
         return opened

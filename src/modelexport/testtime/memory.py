@@ -129,6 +129,18 @@ def opening(reading: float, threshold: float) -> float:
     return min(1.0, max(0.0, reading / threshold - 1.0))
 
 
+def _answer(correlated: bool | Callable[[], bool]) -> bool:
+    """Whether the stream's labels arrive correlated (:meth:`StatisticsPrior.coverage`: a callable is asked here,
+    only where the answer matters)."""
+    return correlated() if callable(correlated) else correlated
+
+
+def _by_support(count: float, support: float, gate: float) -> float:
+    """A correlated stream's class count: its memory's ``support`` while the gate is shut, back to ``count`` as
+    the gate opens (interpolated), never above ``count``."""
+    return min(count, support if gate <= 0.0 else gate * count + (1.0 - gate) * support)
+
+
 def _water_level(sizes: list[int], capacity: int) -> list[int]:
     """Each class's share of ``capacity`` slots: classes with fewer entries keep all, the rest an equal level
     (the slots left over by rounding go to the largest classes)."""
@@ -502,17 +514,15 @@ class StatisticsPrior:
             return memory.coverage
         if memory.measured:  # a shut gate means no shift: what the memory differs by is mostly noise
             count = memory.coverage
-            if correlated() if callable(correlated) else correlated:
-                count = min(count, memory.support if g <= 0.0 else g * count + (1.0 - g) * memory.support)
+            if _answer(correlated):
+                count = _by_support(count, memory.support, g)
             seen = max(g, opening(memory.deficit_level, BLUR_GATE))
             return count / math.sqrt(1.0 + (SHUT_PRIOR - 1.0) * (1.0 - seen))
         support = memory.support
-        if support >= memory.coverage:  # nothing to count differently: no test
-            return memory.coverage
-        if not (correlated() if callable(correlated) else correlated):
+        if support >= memory.coverage or not _answer(correlated):  # nothing to count differently: no test
             return memory.coverage
         # the gate alone: a shift the stem barely sees keeps it shut
-        return min(memory.coverage, support if g <= 0.0 else g * memory.coverage + (1.0 - g) * support)
+        return _by_support(memory.coverage, support, g)
 
     def blend(
         self,
